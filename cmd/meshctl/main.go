@@ -20,12 +20,19 @@ var commands []func() *cobra.Command
 
 func register(newCmd func() *cobra.Command) { commands = append(commands, newCmd) }
 
+// rootHooks change the root command before its subcommands are added (the
+// shared connection flags, for instance).
+var rootHooks []func(*cobra.Command)
+
 func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "meshctl",
 		Short:         "Operate mesh: signed, content-addressed configuration delivery",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+	}
+	for _, hook := range rootHooks {
+		hook(root)
 	}
 	for _, newCmd := range commands {
 		root.AddCommand(newCmd())

@@ -1,0 +1,151 @@
+package natsx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// ObjectChunkSize is the chunk size PutObject writes, nats.go's default; a
+// chunk must fit the server's max payload.
+const ObjectChunkSize = 128 << 10
+
+// PutObject stores exactly size bytes read from r under name and returns the
+// stored object's info. A reader that ends early or holds more than size
+// bytes fails the put before anything is committed, so an object already
+// held under name is never replaced by a wrong one; a longer one fails with
+// ErrTooLarge. A negative size accepts whatever r holds.
+func PutObject(ctx context.Context, store jetstream.ObjectStore, name string, r io.Reader, size int64, opts ...Option) (*jetstream.ObjectInfo, error) {
+	o := newOptions(opts)
+	bucket := storeName(store)
+	ctx, span := o.tracer.Start(ctx, "object.put "+bucket, spanKind,
+		trace.WithAttributes(attrBucket.String(bucket), attrObject.String(name), attrSize.Int64(size)))
+	defer span.End()
+	r = &fullReader{r: r, size: max(size, -1)}
+	info, err := store.Put(ctx, jetstream.ObjectMeta{
+		Name: name,
+		Opts: &jetstream.ObjectMetaOptions{ChunkSize: ObjectChunkSize},
+	}, r)
+	if err != nil {
+		return nil, endSpan(span, fmt.Errorf("object store %s: put %s: %w", bucket, name, MapError(err)))
+	}
+	return info, nil
+}
+
+// GetObject opens the object name for reading from offset on; the caller
+// closes the reader. The object store streams from the first chunk, so the
+// bytes before offset are read and discarded; the store's digest check at
+// the end still covers the whole object. It returns ErrNotFound when there
+// is no such object and an error when offset is past its end.
+func GetObject(ctx context.Context, store jetstream.ObjectStore, name string, offset int64, opts ...Option) (io.ReadCloser, *jetstream.ObjectInfo, error) {
+	o := newOptions(opts)
+	bucket := storeName(store)
+	ctx, span := o.tracer.Start(ctx, "object.get "+bucket, spanKind,
+		trace.WithAttributes(attrBucket.String(bucket), attrObject.String(name)))
+	defer span.End()
+	fail := func(err error) error {
+		return endSpan(span, fmt.Errorf("object store %s: get %s: %w", bucket, name, MapError(err)))
+	}
+	if offset < 0 {
+		return nil, nil, fail(fmt.Errorf("negative offset %d", offset))
+	}
+	res, err := store.Get(ctx, name)
+	if err != nil {
+		return nil, nil, fail(err)
+	}
+	info, err := res.Info()
+	if err != nil {
+		res.Close()
+		return nil, nil, fail(err)
+	}
+	span.SetAttributes(attrSize.Int64(int64(info.Size)))
+	if uint64(offset) > info.Size {
+		res.Close()
+		return nil, nil, fail(fmt.Errorf("offset %d is past the end of a %d-byte object", offset, info.Size))
+	}
+	if offset > 0 {
+		if _, err := io.CopyN(io.Discard, res, offset); err != nil {
+			res.Close()
+			return nil, nil, fail(fmt.Errorf("skip to offset %d: %w", offset, err))
+		}
+	}
+	return objectReader{res}, info, nil
+}
+
+// objectReader maps the errors of reading an object.
+type objectReader struct{ jetstream.ObjectResult }
+
+func (r objectReader) Read(p []byte) (int, error) {
+	n, err := r.ObjectResult.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		err = MapError(err)
+	}
+	return n, err
+}
+
+// storeName returns the bucket of an object store for span names and
+// errors. jetstream.ObjectStore does not tell its name; the stores
+// EnsureObjectStore returns do.
+func storeName(store jetstream.ObjectStore) string {
+	if n, ok := store.(interface{ Bucket() string }); ok {
+		return n.Bucket()
+	}
+	return "?"
+}
+
+// namedStore is an object store that knows its bucket's name.
+type namedStore struct {
+	jetstream.ObjectStore
+	bucket string
+}
+
+// Bucket returns the object store's name.
+func (s namedStore) Bucket() string { return s.bucket }
+
+// fullReader fills each read as far as its reader allows, because the
+// object store makes one chunk of every read: a network stream's short reads
+// would otherwise be stored as many tiny chunks. With a size (>= 0) it also
+// fails when its reader does not hold exactly size bytes.
+type fullReader struct {
+	r    io.Reader
+	size int64 // -1: any
+	read int64
+}
+
+func (f *fullReader) Read(p []byte) (int, error) {
+	if f.size >= 0 {
+		left := f.size - f.read
+		if left == 0 {
+			// One more byte tells whether r is longer than declared.
+			var one [1]byte
+			n, err := io.ReadFull(f.r, one[:])
+			if n > 0 {
+				return 0, fmt.Errorf("%w: reader holds more than the declared %d bytes", ErrTooLarge, f.size)
+			}
+			if err != nil && !errors.Is(err, io.EOF) {
+				return 0, err
+			}
+			return 0, io.EOF
+		}
+		if int64(len(p)) > left {
+			p = p[:left]
+		}
+	}
+	n, err := io.ReadFull(f.r, p)
+	f.read += int64(n)
+	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		if f.size >= 0 && f.read < f.size {
+			return n, fmt.Errorf("reader ended after %d of the declared %d bytes: %w", f.read, f.size, io.ErrUnexpectedEOF)
+		}
+		if n > 0 {
+			return n, nil
+		}
+		return 0, io.EOF
+	}
+	return n, err
+}
