@@ -68,7 +68,20 @@ type Config struct {
 	// TracerProvider and MeterProvider default to the otel globals.
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
+	// MaxConcurrentHandshakes bounds TLS handshakes in progress, so a
+	// reconnect storm of a whole fleet queues instead of starving the
+	// server's CPU; 0 means DefaultMaxConcurrentHandshakes.
+	MaxConcurrentHandshakes int
+	// MaxConnectionAge closes connections older than this (gRPC adds
+	// ±10% jitter) so long-lived streams rebalance across replicas; 0
+	// keeps connections forever.
+	MaxConnectionAge time.Duration
 }
+
+// DefaultMaxConcurrentHandshakes is the handshake bound when none is set:
+// a handshake costs about 2 ms of CPU, so this keeps a storm to a few
+// cores' worth at a time.
+const DefaultMaxConcurrentHandshakes = 64
 
 // Server is a built gRPC server, ready to listen and serve once.
 type Server struct {
@@ -118,8 +131,20 @@ func Build(cfg Config, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 		return !strings.HasPrefix(info.FullMethodName, "/"+healthgrpc.Health_ServiceDesc.ServiceName+"/")
 	}))
 
+	if cfg.MaxConcurrentHandshakes <= 0 {
+		cfg.MaxConcurrentHandshakes = DefaultMaxConcurrentHandshakes
+	}
+	keepaliveParams := keepalive.ServerParameters{
+		// Find dead peers of long-lived idle streams (Sync).
+		Time:    time.Minute,
+		Timeout: 20 * time.Second,
+	}
+	if cfg.MaxConnectionAge > 0 {
+		keepaliveParams.MaxConnectionAge = cfg.MaxConnectionAge
+		keepaliveParams.MaxConnectionAgeGrace = time.Minute
+	}
 	opts := append([]grpc.ServerOption{
-		grpc.Creds(credentials.NewTLS(tlsCfg)),
+		grpc.Creds(limitHandshakes(credentials.NewTLS(tlsCfg), cfg.MaxConcurrentHandshakes)),
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelOpts...)),
 		// Recovery is outermost so that a panic in authorization (a
 		// NodeSelf extractor, say) is caught too.
@@ -129,11 +154,7 @@ func Build(cfg Config, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 			MinTime:             grpcclient.KeepaliveMinTime,
 			PermitWithoutStream: false,
 		}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{
-			// Find dead peers of long-lived idle streams (Sync).
-			Time:    time.Minute,
-			Timeout: 20 * time.Second,
-		}),
+		grpc.KeepaliveParams(keepaliveParams),
 		grpc.InitialWindowSize(1 << 20), grpc.InitialConnWindowSize(4 << 20), grpc.WriteBufferSize(256 << 10), grpc.ReadBufferSize(256 << 10),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
 		grpc.MaxSendMsgSize(cfg.MaxSendMsgSize),

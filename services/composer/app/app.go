@@ -1,0 +1,383 @@
+// Package app runs the composer: Config (strict YAML and flags) and
+// New/Run, used by mesh-composer's main, by tests and by the one-process dev
+// mesh.
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
+
+	"mesh.dev/internal/authz"
+	"mesh.dev/internal/config"
+	"mesh.dev/internal/grpcclient"
+	"mesh.dev/internal/grpcserver"
+	"mesh.dev/internal/natsx"
+	"mesh.dev/internal/pki"
+	"mesh.dev/internal/supervise"
+	"mesh.dev/internal/verify"
+	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	signerv1 "mesh.dev/proto/mesh/signer/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+	"mesh.dev/services/composer/internal/api"
+	"mesh.dev/services/composer/internal/catalogview"
+	"mesh.dev/services/composer/internal/lease"
+	"mesh.dev/services/composer/internal/objects"
+	"mesh.dev/services/composer/internal/pass"
+	"mesh.dev/services/composer/internal/reconcile"
+	"mesh.dev/services/composer/internal/signing"
+	"mesh.dev/services/composer/internal/store"
+	"mesh.dev/services/composer/internal/syncsvc"
+	"mesh.dev/services/composer/internal/trust"
+)
+
+// Default addresses of the composer.
+const (
+	DefaultListen        = "127.0.0.1:7403"
+	DefaultMetricsListen = "127.0.0.1:9403"
+)
+
+// Config is the composer's configuration file (YAML, unknown keys refused).
+type Config struct {
+	Listen        string `yaml:"listen"`
+	MetricsListen string `yaml:"metrics_listen"`
+	// CertFile, KeyFile, CAFile: the composer's mTLS identity
+	// (spiffe://<td>/service/composer) and CA.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	CAFile   string `yaml:"ca_file"`
+	// RootsFile pins the root keys the keyset must verify against.
+	RootsFile   string `yaml:"roots_file"`
+	SignerAddr  string `yaml:"signer_addr"`
+	CatalogAddr string `yaml:"catalog_addr"`
+	// NATS is where the composer's buckets live.
+	NATS natsx.ServiceConfig `yaml:"nats"`
+	// LeaseTTL is how long the lease outlives its holder (default 15s).
+	LeaseTTL config.Duration `yaml:"lease_ttl"`
+	// Workers is how many nodes are composed at once (default 16).
+	Workers int `yaml:"workers"`
+	// ReconcilePeriod is how often every node is visited (default 15m).
+	ReconcilePeriod config.Duration `yaml:"reconcile_period"`
+	// Holder names this replica in the lease (default host-pid).
+	Holder string `yaml:"holder"`
+}
+
+// Defaults fills in unset optional values.
+func (c *Config) Defaults() {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = config.Duration(15 * time.Second)
+	}
+	if c.Workers == 0 {
+		c.Workers = 16
+	}
+	if c.ReconcilePeriod == 0 {
+		c.ReconcilePeriod = config.Duration(15 * time.Minute)
+	}
+	if c.Holder == "" {
+		host, _ := os.Hostname()
+		c.Holder = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+}
+
+// Validate names the first missing or invalid value.
+func (c *Config) Validate() error {
+	if err := config.Required(
+		[2]string{"listen", c.Listen}, [2]string{"cert_file", c.CertFile}, [2]string{"key_file", c.KeyFile},
+		[2]string{"ca_file", c.CAFile}, [2]string{"roots_file", c.RootsFile},
+		[2]string{"signer_addr", c.SignerAddr}, [2]string{"catalog_addr", c.CatalogAddr},
+	); err != nil {
+		return err
+	}
+	if err := c.NATS.Validate(); err != nil {
+		return err
+	}
+	if ttl := time.Duration(c.LeaseTTL); ttl < 3*time.Second || ttl > 5*time.Minute {
+		return fmt.Errorf("config: lease_ttl %s is outside 3s..5m", ttl)
+	}
+	if c.Workers < 1 || c.Workers > 1024 {
+		return fmt.Errorf("config: workers %d is outside 1..1024", c.Workers)
+	}
+	if p := time.Duration(c.ReconcilePeriod); p < time.Minute {
+		return fmt.Errorf("config: reconcile_period %s is under a minute", p)
+	}
+	return nil
+}
+
+// Options carry what a caller in the same process provides instead of files
+// and addresses. All are optional.
+type Options struct {
+	Logger         *slog.Logger
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	Listener       net.Listener
+	ServerTLS      *tls.Config
+	ClientTLS      *tls.Config
+	// JetStream replaces cfg.NATS (a shared embedded server).
+	JetStream jetstream.JetStream
+	// Roots replaces RootsFile.
+	Roots *typev1.TrustRoots
+	// Signer and Catalog replace dialing their addresses.
+	Signer  signing.Client
+	Catalog catalogview.Client
+	// OnPass is called after every pass (tests, benchmarks).
+	OnPass func(node string, res *pass.Result, err error)
+	Ready  func(net.Addr)
+}
+
+// Policy is the composer's authorization table.
+func Policy() authz.Policy {
+	return authz.Merge(api.Policy(), syncsvc.Policy())
+}
+
+// Composer is a composer built from a Config.
+type Composer struct {
+	Store      *store.Store
+	Passer     *pass.Passer
+	Reconciler *reconcile.Reconciler
+	Lease      *lease.Lease
+	View       *catalogview.View
+	Trust      *trust.Keeper
+	Hub        *syncsvc.Hub
+
+	cfg      Config
+	log      *slog.Logger
+	server   *grpcserver.Server
+	listener net.Listener
+	closers  []func()
+}
+
+// New connects to NATS, the signer and the catalog and builds the composer.
+func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error) {
+	cfg.Defaults()
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	tp := opts.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	c := &Composer{cfg: cfg, log: log, listener: opts.Listener}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+	roots := opts.Roots
+	if roots == nil {
+		if roots, err = verify.LoadRoots(cfg.RootsFile); err != nil {
+			return nil, err
+		}
+	}
+	serverTLS, clientTLS := opts.ServerTLS, opts.ClientTLS
+	if serverTLS == nil {
+		if serverTLS, err = pki.ServerTLS(cfg.CertFile, cfg.KeyFile, cfg.CAFile); err != nil {
+			return nil, fmt.Errorf("server tls: %w", err)
+		}
+	}
+	dial := func(addr string) (*grpc.ClientConn, error) {
+		if clientTLS == nil {
+			if clientTLS, err = pki.ClientTLS(cfg.CertFile, cfg.KeyFile, cfg.CAFile); err != nil {
+				return nil, fmt.Errorf("client tls: %w", err)
+			}
+		}
+		conn, err := grpcclient.Dial(addr, clientTLS, grpcclient.WithTracerProvider(tp))
+		if err != nil {
+			return nil, err
+		}
+		c.closers = append(c.closers, func() { conn.Close() })
+		return conn, nil
+	}
+	signerClient := opts.Signer
+	if signerClient == nil {
+		conn, err := dial(cfg.SignerAddr)
+		if err != nil {
+			return nil, fmt.Errorf("signer client: %w", err)
+		}
+		signerClient = signerv1.NewSignerServiceClient(conn)
+	}
+	catalogClient := opts.Catalog
+	if catalogClient == nil {
+		conn, err := dial(cfg.CatalogAddr)
+		if err != nil {
+			return nil, fmt.Errorf("catalog client: %w", err)
+		}
+		catalogClient = catalogv1.NewCatalogServiceClient(conn)
+	}
+	js := opts.JetStream
+	if js == nil {
+		_, j, closeNATS, err := cfg.NATS.Open(ctx, "mesh-composer", log)
+		if err != nil {
+			return nil, fmt.Errorf("nats: %w", err)
+		}
+		c.closers = append(c.closers, closeNATS)
+		js = j
+	}
+	if c.Store, err = store.Open(ctx, js, cfg.NATS.ReplicaCount(), time.Duration(cfg.LeaseTTL), natsx.WithTracerProvider(tp)); err != nil {
+		return nil, err
+	}
+
+	var signer *signing.Signer
+	c.Lease = lease.New(c.Store.Lease, cfg.Holder, time.Duration(cfg.LeaseTTL), fencer{&signer}, log)
+	signer = signing.New(signerClient, c.Lease.Epoch)
+	c.Trust = trust.New(roots, c.Store, signerClient, log)
+	if err := c.Trust.Load(ctx); err != nil {
+		log.Warn("keyset in the bucket not taken", "error", err)
+	}
+	var rec *reconcile.Reconciler
+	c.View = catalogview.New(catalogClient, log, func(r *catalogv1.Registration) {
+		if rec != nil {
+			rec.ModuleChanged(r)
+		}
+	})
+	tracer := tp.Tracer("mesh.dev/services/composer")
+	c.Hub = syncsvc.NewHub(c.Store, log)
+	c.Passer = pass.New(pass.Config{
+		LastSeen: c.Hub.LastSeen,
+		Store: c.Store, Catalog: c.View, Signer: signer, Trust: c.Trust, Lease: c.Lease,
+		LeaseMargin: c.Lease.RenewInterval(), Tracer: tracer, Logger: log,
+		Approvals: approvalsOf{&rec},
+	})
+	rec = reconcile.New(reconcile.Config{Store: c.Store, Passer: c.Passer, Logger: log, Workers: cfg.Workers,
+		Period: time.Duration(cfg.ReconcilePeriod), OnPass: opts.OnPass, OnNodeDeleted: c.Hub.NodeGone})
+	c.Reconciler = rec
+	c.Trust.OnChange(func(*verify.Keyring) {
+		c.Hub.NotifyKeyset()
+		for _, n := range rec.Nodes() {
+			rec.Enqueue(context.Background(), n, "keyset changed")
+		}
+	})
+
+	apiServer := api.New(api.Config{Store: c.Store, Passer: c.Passer, Declarer: c.Passer, Lease: c.Lease, Logger: log})
+	syncServer := syncsvc.New(syncsvc.Config{Hub: c.Hub, Store: c.Store, Keysets: c.Trust, Catalog: c.View, Logger: log, Tracer: tracer,
+		Labels: func(node string) map[string]string {
+			spec, _ := rec.Spec(node)
+			return spec.GetLabels()
+		}})
+	c.server, err = grpcserver.Build(grpcserver.Config{
+		Addr: cfg.Listen, TLS: serverTLS, Policy: Policy(), Logger: log,
+		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider,
+		// Age connections out so engines rebalance across replicas.
+		MaxConnectionAge: time.Hour,
+	}, apiServer.Register, syncServer.Register)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// approvalsOf reads the approvals the reconciler's watch holds (built after
+// the passer).
+type approvalsOf struct{ r **reconcile.Reconciler }
+
+func (a approvalsOf) Approvals() []*composerv1.Approval { return (*a.r).Approvals() }
+
+// fencer lets the lease fence through the signer built after it.
+type fencer struct{ s **signing.Signer }
+
+func (f fencer) Fence(ctx context.Context, holder string) (uint64, error) {
+	return (*f.s).Fence(ctx, holder)
+}
+
+// Close releases connections.
+func (c *Composer) Close() {
+	for i := len(c.closers) - 1; i >= 0; i-- {
+		c.closers[i]()
+	}
+	c.closers = nil
+}
+
+// lead is the lease tenure: refresh the keyset from the signer, then run
+// passes until the lease is lost.
+func (c *Composer) lead(ctx context.Context) {
+	for ctx.Err() == nil {
+		if err := c.Trust.Refresh(ctx); err != nil {
+			c.log.Warn("keyset refresh; passes wait for it", "error", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(2 * time.Second):
+			}
+			continue
+		}
+		break
+	}
+	go func() {
+		t := time.NewTicker(30 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := c.Trust.Refresh(ctx); err != nil {
+					c.log.Warn("keyset refresh", "error", err)
+				}
+			}
+		}
+	}()
+	go objects.New(c.Store, objects.DefaultGrace, c.log, nil).Run(ctx, time.Hour)
+	c.Reconciler.Lead(ctx)
+}
+
+// Serve runs every loop of the composer under one supervisor until ctx is
+// done: the catalog watch, the spec/approval/haves watches, the keyset
+// watch, the lease (whose tenure runs passes) and the gRPC server.
+func (c *Composer) Serve(ctx context.Context, ready func(net.Addr)) error {
+	defer c.Close()
+	var addr net.Addr
+	var err error
+	if c.listener != nil {
+		addr = c.listener.Addr()
+	} else if addr, err = c.server.Listen(); err != nil {
+		return err
+	}
+	if ready != nil {
+		ready(addr)
+	}
+	err = supervise.Run(ctx,
+		supervise.Task{Name: "catalog watch", Run: c.View.Run},
+		supervise.Task{Name: "store watches", Run: c.Reconciler.Watch},
+		supervise.Task{Name: "keyset watch", Run: c.Trust.Watch},
+		supervise.Task{Name: "sync hub", Run: c.Hub.Run},
+		supervise.Task{Name: "lease", Run: func(ctx context.Context) error {
+			defer c.Lease.Release(context.Background())
+			return c.Lease.Run(ctx, c.lead)
+		}},
+		supervise.Task{Name: "grpc server", Run: func(ctx context.Context) error {
+			if c.listener != nil {
+				return c.server.ServeListener(ctx, c.listener)
+			}
+			return c.server.Serve(ctx)
+		}},
+	)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// Run builds the composer and serves until ctx is done.
+func Run(ctx context.Context, cfg Config, opts Options) error {
+	c, err := New(ctx, cfg, opts)
+	if err != nil {
+		return err
+	}
+	return c.Serve(ctx, opts.Ready)
+}
+

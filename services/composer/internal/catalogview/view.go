@@ -1,0 +1,220 @@
+// Package catalogview is the composer's view of the catalog: registrations
+// kept current by one WatchModules stream (resumed from the last revision
+// after any break), entries cached by fingerprint (they are immutable) and
+// builds cached once DONE (then immutable too).
+package catalogview
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"mesh.dev/internal/canonical"
+	"mesh.dev/internal/names"
+	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+	"mesh.dev/services/composer/internal/pass"
+)
+
+// Client is the part of the catalog the composer calls.
+type Client interface {
+	GetEntry(ctx context.Context, in *catalogv1.GetEntryRequest, opts ...grpc.CallOption) (*catalogv1.GetEntryResponse, error)
+	GetBuild(ctx context.Context, in *catalogv1.GetBuildRequest, opts ...grpc.CallOption) (*catalogv1.GetBuildResponse, error)
+	WatchModules(ctx context.Context, in *catalogv1.WatchModulesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[catalogv1.WatchModulesResponse], error)
+}
+
+// View is the cached catalog.
+type View struct {
+	client Client
+	log    *slog.Logger
+	// onChange is called for every registration that changed, after the
+	// view holds it.
+	onChange func(reg *catalogv1.Registration)
+
+	mu       sync.RWMutex
+	regs     map[string]*catalogv1.Registration
+	revision uint64
+	caughtUp bool
+	// healthy is set while the watch stream is up and caught up.
+	healthy   bool
+	lastEvent time.Time
+
+	cacheMu sync.Mutex
+	entries map[string]*pass.Release
+	builds  map[string]*catalogv1.Build
+}
+
+var _ pass.Catalog = (*View)(nil)
+
+// New returns a view; Run keeps it current.
+func New(client Client, log *slog.Logger, onChange func(*catalogv1.Registration)) *View {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &View{client: client, log: log, onChange: onChange, regs: map[string]*catalogv1.Registration{},
+		entries: map[string]*pass.Release{}, builds: map[string]*catalogv1.Build{}}
+}
+
+// Run watches registrations until ctx is done, resuming from the last
+// revision seen after any break, with jittered backoff.
+func (v *View) Run(ctx context.Context) error {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		err := v.watch(ctx)
+		v.mu.Lock()
+		v.healthy = false
+		v.mu.Unlock()
+		if ctx.Err() != nil {
+			return nil
+		}
+		v.log.Warn("catalog watch broke; resuming", "error", err, "from_revision", v.Revision(), "in", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+		}
+		backoff = min(backoff*2, 30*time.Second)
+	}
+	return nil
+}
+
+func (v *View) watch(ctx context.Context) error {
+	stream, err := v.client.WatchModules(ctx, &catalogv1.WatchModulesRequest{FromRevision: v.Revision()})
+	if err != nil {
+		return err
+	}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return errors.New("catalog closed the watch")
+		}
+		if err != nil {
+			return err
+		}
+		v.mu.Lock()
+		v.lastEvent = time.Now()
+		if msg.GetCaughtUp() {
+			v.caughtUp, v.healthy = true, true
+			v.mu.Unlock()
+			continue
+		}
+		reg := msg.GetRegistration()
+		old := v.regs[reg.GetModule()]
+		v.regs[reg.GetModule()] = reg
+		v.revision = max(v.revision, msg.GetRevision())
+		v.mu.Unlock()
+		if v.onChange != nil && (old == nil || old.GetFingerprint() != reg.GetFingerprint() || old.GetSeq() != reg.GetSeq()) {
+			v.onChange(reg)
+		}
+	}
+}
+
+// Revision is the last store revision the view has seen.
+func (v *View) Revision() uint64 {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.revision
+}
+
+// Healthy reports whether the watch is up and has caught up.
+func (v *View) Healthy() bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.healthy
+}
+
+// CaughtUp reports whether the view has held every registration once.
+func (v *View) CaughtUp() bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.caughtUp
+}
+
+// Registration returns a module's registration.
+func (v *View) Registration(module string) (*catalogv1.Registration, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	r, ok := v.regs[module]
+	return r, ok
+}
+
+// Registrations returns every registration held.
+func (v *View) Registrations() []*catalogv1.Registration {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := make([]*catalogv1.Registration, 0, len(v.regs))
+	for _, r := range v.regs {
+		out = append(out, r)
+	}
+	return out
+}
+
+const callTimeout = 30 * time.Second
+
+// Entry returns a fingerprint's entry and decoded manifest, checking that
+// the fingerprint recomputes from the entry.
+func (v *View) Entry(ctx context.Context, fp string) (*pass.Release, error) {
+	v.cacheMu.Lock()
+	rel, ok := v.entries[fp]
+	v.cacheMu.Unlock()
+	if ok {
+		return rel, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	resp, err := v.client.GetEntry(cctx, &catalogv1.GetEntryRequest{Fingerprint: fp})
+	if status.Code(err) == codes.NotFound {
+		return nil, fmt.Errorf("%w of fingerprint %s", pass.ErrNoEntry, fp)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("catalog GetEntry %s: %w", fp, err)
+	}
+	e := resp.GetEntry()
+	if got := names.ComputeFingerprint(e.GetModule(), e.GetRepository(), e.GetPath(), e.GetSourceDigest(), names.Digest(e.GetManifest())); got != fp {
+		return nil, fmt.Errorf("catalog entry of %s recomputes to %s", fp, got)
+	}
+	m := &typev1.ModuleManifest{}
+	if err := canonical.Decode(e.GetManifest(), m); err != nil {
+		return nil, fmt.Errorf("catalog entry %s: %w", fp, err)
+	}
+	rel = &pass.Release{Entry: e, Manifest: m}
+	v.cacheMu.Lock()
+	v.entries[fp] = rel
+	v.cacheMu.Unlock()
+	return rel, nil
+}
+
+// Build returns a fingerprint's build; DONE builds are cached.
+func (v *View) Build(ctx context.Context, fp string) (*catalogv1.Build, error) {
+	v.cacheMu.Lock()
+	b, ok := v.builds[fp]
+	v.cacheMu.Unlock()
+	if ok {
+		return b, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	resp, err := v.client.GetBuild(cctx, &catalogv1.GetBuildRequest{Fingerprint: fp})
+	if status.Code(err) == codes.NotFound {
+		return nil, fmt.Errorf("%w of fingerprint %s", pass.ErrNoBuild, fp)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("catalog GetBuild %s: %w", fp, err)
+	}
+	b = resp.GetBuild()
+	if b.GetState() == catalogv1.BuildState_BUILD_STATE_DONE {
+		v.cacheMu.Lock()
+		v.builds[fp] = b
+		v.cacheMu.Unlock()
+	}
+	return b, nil
+}

@@ -1,0 +1,216 @@
+// Package lease keeps the composer lease (DESIGN.md §5.2 step 9): one key,
+// leader, in the composer-lease bucket whose TTL expires it unless the holder
+// renews it. Only the holder writes compositions and assignments; on taking
+// the lease it gets a fencing epoch from the signer, and every sign request
+// carries it, so a paused old leader cannot sign after another took over.
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"mesh.dev/internal/natsx"
+)
+
+// Fencer hands out fencing epochs (the signer's Fence).
+type Fencer interface {
+	Fence(ctx context.Context, holder string) (uint64, error)
+}
+
+// ErrNotHolder is returned by Check when this composer may not write.
+var ErrNotHolder = errors.New("not the lease holder")
+
+// record is the lease value.
+type record struct {
+	Holder   string    `json:"holder"`
+	Epoch    uint64    `json:"epoch"`
+	Renewed  time.Time `json:"renewed"`
+	TTLMilli int64     `json:"ttl_ms"`
+}
+
+// Lease takes and renews the lease.
+type Lease struct {
+	kv     *natsx.KV
+	holder string
+	ttl    time.Duration
+	fencer Fencer
+	log    *slog.Logger
+	now    func() time.Time
+
+	mu      sync.Mutex
+	held    bool
+	rev     uint64
+	epoch   uint64
+	expires time.Time
+	// holderName is the holder last seen (for operator messages).
+	holderName string
+}
+
+// New returns a Lease for a holder id (unique per composer process).
+func New(kv *natsx.KV, holder string, ttl time.Duration, fencer Fencer, log *slog.Logger) *Lease {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Lease{kv: kv, holder: holder, ttl: ttl, fencer: fencer, log: log, now: time.Now}
+}
+
+// RenewInterval is how often the holder renews: a third of the TTL.
+func (l *Lease) RenewInterval() time.Duration { return l.ttl / 3 }
+
+// Check returns nil when this composer holds the lease with at least margin
+// left before it expires.
+func (l *Lease) Check(margin time.Duration) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.held {
+		return fmt.Errorf("%w (held by %q)", ErrNotHolder, l.holderName)
+	}
+	if left := l.expires.Sub(l.now()); left < margin {
+		return fmt.Errorf("%w: %s of the lease left, need %s", ErrNotHolder, left.Round(time.Millisecond), margin)
+	}
+	return nil
+}
+
+// Held reports whether this composer holds the lease.
+func (l *Lease) Held() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.held
+}
+
+// Holder returns the holder last seen.
+func (l *Lease) Holder() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.holderName
+}
+
+// Epoch returns the fencing epoch of the current tenure.
+func (l *Lease) Epoch() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.epoch
+}
+
+// Run contends for the lease until ctx is done. onAcquire runs (in its own
+// goroutine) with a context cancelled when the lease is lost.
+func (l *Lease) Run(ctx context.Context, onAcquire func(ctx context.Context)) error {
+	interval := l.RenewInterval()
+	var tenure context.CancelFunc
+	lose := func(why string, err error) {
+		l.mu.Lock()
+		was := l.held
+		l.held, l.rev = false, 0
+		l.mu.Unlock()
+		if tenure != nil {
+			tenure()
+			tenure = nil
+		}
+		if was {
+			l.log.Warn("composer lease lost", "holder", l.holder, "why", why, "error", err)
+		}
+	}
+	defer lose("shutting down", nil)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if l.Held() {
+			if err := l.renew(ctx); err != nil {
+				lose("renewal failed", err)
+			}
+		} else if ok, err := l.acquire(ctx); err != nil {
+			l.log.Warn("composer lease: acquire", "error", err)
+		} else if ok {
+			tctx, cancel := context.WithCancel(ctx)
+			tenure = cancel
+			l.log.Info("composer lease taken", "holder", l.holder, "epoch", l.Epoch())
+			go onAcquire(tctx)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (l *Lease) value(epoch uint64) []byte {
+	b, _ := json.Marshal(record{Holder: l.holder, Epoch: epoch, Renewed: l.now().UTC(), TTLMilli: l.ttl.Milliseconds()})
+	return b
+}
+
+// acquire creates the lease key when it is absent (expired or released),
+// then fences: the tenure starts only with a fresh epoch.
+func (l *Lease) acquire(ctx context.Context) (bool, error) {
+	e, err := l.kv.Get(ctx, natsx.KeyLeaseLeader)
+	if err == nil {
+		var r record
+		if json.Unmarshal(e.Value, &r) == nil {
+			l.mu.Lock()
+			l.holderName = r.Holder
+			l.mu.Unlock()
+		}
+		return false, nil
+	}
+	if !errors.Is(err, natsx.ErrNotFound) {
+		return false, err
+	}
+	start := l.now()
+	rev, err := l.kv.Create(ctx, natsx.KeyLeaseLeader, l.value(0))
+	if errors.Is(err, natsx.ErrConflict) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	fctx, cancel := context.WithTimeout(ctx, l.ttl/3)
+	epoch, err := l.fencer.Fence(fctx, l.holder)
+	cancel()
+	if err != nil {
+		// Without an epoch nothing can be signed: give the lease back.
+		_ = l.kv.Delete(ctx, natsx.KeyLeaseLeader, natsx.LastRevision(rev))
+		return false, fmt.Errorf("fence: %w", err)
+	}
+	if rev, err = l.kv.Update(ctx, natsx.KeyLeaseLeader, l.value(epoch), rev); err != nil {
+		return false, fmt.Errorf("record epoch: %w", err)
+	}
+	l.mu.Lock()
+	l.held, l.rev, l.epoch, l.holderName = true, rev, epoch, l.holder
+	l.expires = start.Add(l.ttl)
+	l.mu.Unlock()
+	return true, nil
+}
+
+func (l *Lease) renew(ctx context.Context) error {
+	l.mu.Lock()
+	rev, epoch := l.rev, l.epoch
+	l.mu.Unlock()
+	start := l.now()
+	next, err := l.kv.Update(ctx, natsx.KeyLeaseLeader, l.value(epoch), rev)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.rev, l.expires = next, start.Add(l.ttl)
+	l.mu.Unlock()
+	return nil
+}
+
+// Release gives the lease up (a graceful stop), so another composer takes
+// over at once instead of after the TTL.
+func (l *Lease) Release(ctx context.Context) {
+	l.mu.Lock()
+	held, rev := l.held, l.rev
+	l.held = false
+	l.mu.Unlock()
+	if held {
+		if err := l.kv.Delete(ctx, natsx.KeyLeaseLeader, natsx.LastRevision(rev)); err != nil {
+			l.log.Warn("release the composer lease", "error", err)
+		}
+	}
+}

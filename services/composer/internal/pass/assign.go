@@ -1,0 +1,179 @@
+package pass
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"mesh.dev/internal/envelope"
+	"mesh.dev/internal/names"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+	"mesh.dev/services/composer/internal/compose"
+	"mesh.dev/services/composer/internal/store"
+)
+
+// assign decides the node's wants and holds (DESIGN.md §5.3): each module's
+// want moves to its new composition when the policy lets it (or an approval
+// does), and otherwise stays at the composition it named, listed as a hold;
+// the node's own want always names the new own composition. Every
+// composition a want names must be held; a want whose composition is gone is
+// dropped and said in the hold.
+func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds map[string]*catalogBuild, fpHolds []fpHold) ([]*typev1.Want, []*composerv1.Hold, error) {
+	node := st.spec.GetNode()
+	labels := st.spec.GetLabels()
+	approvals := p.cfg.Approvals.Approvals()
+	var wants []*typev1.Want
+	var holds []*composerv1.Hold
+	// content of each wanted composition, for the path check below.
+	content := map[string]*typev1.Composition{}
+	newWant := map[string]*typev1.Want{}
+	prevWant := map[string]*typev1.Want{}
+	for _, it := range work {
+		if it.own {
+			w := &typev1.Want{Module: names.NodeModule, CompositionKey: it.key, CompositionDigest: it.digest}
+			wants = append(wants, w)
+			content[it.key] = it.comp
+			continue
+		}
+		m := it.comp.GetModule()
+		b := builds[m]
+		nw := &typev1.Want{Module: m, Fingerprint: it.comp.GetFingerprint(), Parts: sortedParts(b.parts), CompositionKey: it.key, CompositionDigest: it.digest}
+		prev := wantOf(st.assignment, m)
+		if prev != nil && prev.GetCompositionKey() == nw.GetCompositionKey() && prev.GetCompositionDigest() == nw.GetCompositionDigest() {
+			wants = append(wants, nw)
+			content[it.key] = it.comp
+			continue
+		}
+		approved := false
+		for _, a := range approvals {
+			if compose.Approves(a, m, it.digest, labels) {
+				approved = true
+				break
+			}
+		}
+		move, why := compose.Decide(compose.Move{Module: m, Judged: it.judged, Policy: it.policy, Approved: approved, Placed: prev == nil})
+		if move {
+			wants = append(wants, nw)
+			content[it.key] = it.comp
+			newWant[m], prevWant[m] = nw, prev
+			continue
+		}
+		hold := &composerv1.Hold{Module: m, Fingerprint: nw.GetFingerprint(), CompositionKey: it.key, CompositionDigest: it.digest,
+			Judgement: it.judged.Judgement, Words: it.judged.Words, Reason: why, Policy: it.policy.Policy, PolicyFrom: it.policy.From}
+		if prev != nil {
+			c, err := p.heldComposition(ctx, prev)
+			switch {
+			case err == nil:
+				wants = append(wants, prev)
+				content[prev.GetCompositionKey()] = c
+			case errors.Is(err, errNotHeld):
+				hold.Reason += fmt.Sprintf("; the wanted %s (%s) is no longer held, so the module is not wanted until this is approved", prev.GetCompositionKey(), prev.GetCompositionDigest())
+			default:
+				return nil, nil, err
+			}
+		}
+		holds = append(holds, hold)
+	}
+	for _, h := range fpHolds {
+		holds = append(holds, &composerv1.Hold{Module: h.module, Fingerprint: h.fingerprint, Reason: h.reason})
+	}
+
+	// No path may be declared by two compositions of one manifest: a move
+	// that would declare a path a held composition still declares waits
+	// with it.
+	for {
+		conflict := false
+		owner := map[string]string{}
+		for _, w := range wants {
+			for _, r := range content[w.GetCompositionKey()].GetResources() {
+				if other, ok := owner[r.GetPath()]; ok {
+					mover := w.GetModule()
+					if _, moved := newWant[mover]; !moved {
+						mover = other
+					}
+					if _, moved := newWant[mover]; !moved {
+						return nil, nil, fmt.Errorf("node %s: 2 resources declare %s: in %s and %s", node, r.GetPath(), other, w.GetModule())
+					}
+					wants, holds = p.revert(ctx, wants, holds, newWant[mover], prevWant[mover], content,
+						fmt.Sprintf("path %s is still declared by %s", r.GetPath(), keyOfModule(wants, mover, other, w.GetModule())))
+					delete(newWant, mover)
+					conflict = true
+					break
+				}
+				owner[r.GetPath()] = w.GetModule()
+			}
+			if conflict {
+				break
+			}
+		}
+		if !conflict {
+			break
+		}
+	}
+	sort.Slice(wants, func(i, j int) bool { return wants[i].GetModule() < wants[j].GetModule() })
+	sort.Slice(holds, func(i, j int) bool { return holds[i].GetModule() < holds[j].GetModule() })
+	return wants, holds, nil
+}
+
+func keyOfModule(wants []*typev1.Want, mover, a, b string) string {
+	other := a
+	if other == mover {
+		other = b
+	}
+	for _, w := range wants {
+		if w.GetModule() == other {
+			return w.GetCompositionKey()
+		}
+	}
+	return other
+}
+
+// revert undoes a move: the module's want returns to the one it replaced
+// (or none) and the move is listed as a hold with the reason.
+func (p *Passer) revert(ctx context.Context, wants []*typev1.Want, holds []*composerv1.Hold, moved, prev *typev1.Want, content map[string]*typev1.Composition, reason string) ([]*typev1.Want, []*composerv1.Hold) {
+	out := wants[:0:0]
+	for _, w := range wants {
+		if w.GetModule() != moved.GetModule() {
+			out = append(out, w)
+		}
+	}
+	if prev != nil {
+		if c, err := p.heldComposition(ctx, prev); err == nil {
+			out = append(out, prev)
+			content[prev.GetCompositionKey()] = c
+		}
+	}
+	holds = append(holds, &composerv1.Hold{Module: moved.GetModule(), Fingerprint: moved.GetFingerprint(),
+		CompositionKey: moved.GetCompositionKey(), CompositionDigest: moved.GetCompositionDigest(), Reason: reason})
+	return out, holds
+}
+
+var errNotHeld = errors.New("composition not held")
+
+// heldComposition reads the composition a want names and checks it is held
+// at the want's digest.
+func (p *Passer) heldComposition(ctx context.Context, w *typev1.Want) (*typev1.Composition, error) {
+	env, _, _, err := p.cfg.Store.Composition(ctx, w.GetCompositionKey())
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errNotHeld
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: read: %w", w.GetCompositionKey(), err)
+	}
+	if envelope.Digest(env) != w.GetCompositionDigest() {
+		return nil, errNotHeld
+	}
+	c, ok := p.verifyHeld(env, w.GetCompositionKey(), false)
+	if !ok {
+		return nil, errNotHeld
+	}
+	return c, nil
+}
+
+func sortedParts(parts []*typev1.Artifact) []*typev1.Artifact {
+	out := append([]*typev1.Artifact(nil), parts...)
+	sort.Slice(out, func(i, j int) bool { return out[i].GetRef() < out[j].GetRef() })
+	return out
+}

@@ -1,0 +1,569 @@
+package pass
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"sort"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
+
+	"mesh.dev/internal/envelope"
+	"mesh.dev/internal/names"
+	"mesh.dev/internal/natsx"
+	"mesh.dev/internal/telemetry"
+	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	signerv1 "mesh.dev/proto/mesh/signer/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+	"mesh.dev/services/composer/internal/compose"
+	"mesh.dev/services/composer/internal/store"
+)
+
+// Config is what a Passer needs.
+type Config struct {
+	Store     *store.Store
+	Catalog   Catalog
+	Signer    Signer
+	Trust     Trust
+	Lease     Lease
+	Approvals Approvals
+	// LeaseMargin is the lease time that must be left before a node is
+	// written: one renewal interval.
+	LeaseMargin time.Duration
+	// ManifestLifetime is the signer's; renewals are planned from it when a
+	// manifest's own times are unknown.
+	Now    func() time.Time
+	Tracer trace.Tracer
+	Logger *slog.Logger
+	// CASRetries bounds the re-reads after a CAS conflict on one key.
+	CASRetries int
+	// KeepPerModule is how many compositions of one module a node keeps
+	// (besides those its wants or applied manifest name).
+	KeepPerModule int
+	// LastSeen, when set, tells when each engine was last heard.
+	LastSeen LastSeen
+}
+
+// Passer writes nodes.
+type Passer struct {
+	cfg Config
+}
+
+// New returns a Passer.
+func New(cfg Config) *Passer {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Tracer == nil {
+		cfg.Tracer = trace.NewNoopTracerProvider().Tracer("")
+	}
+	if cfg.CASRetries == 0 {
+		cfg.CASRetries = 3
+	}
+	if cfg.KeepPerModule == 0 {
+		cfg.KeepPerModule = 5
+	}
+	return &Passer{cfg: cfg}
+}
+
+// Mode says whether a pass writes or only plans.
+type Mode int
+
+const (
+	// Write signs and writes (lease holder only).
+	Write Mode = iota
+	// Plan computes what Write would do and writes nothing.
+	Plan
+)
+
+// Composition is what a pass did (or would do) with one composition.
+type Composition struct {
+	Key    string
+	Module string
+	Digest string
+	Judged compose.Judged
+	Policy compose.Policy
+	// Written is set when the held value differed (Plan: would differ).
+	Written bool
+	Err     error
+}
+
+// Result is the outcome of one node's pass.
+type Result struct {
+	Node         string
+	Inputs       *composerv1.AssignmentInputs
+	Compositions []*Composition
+	Wants        []*typev1.Want
+	Holds        []*composerv1.Hold
+	Moved        []string
+	// Changes is set when the assignment differs from the one held (Plan:
+	// would differ).
+	Changes bool
+	// Committed is set when an assignment was written.
+	Committed bool
+	Manifest  *signerv1.SignedManifest
+	// RenewAt is when the node's manifest is due for renewal.
+	RenewAt time.Time
+	// Err joins every error of the pass.
+	Err error
+}
+
+// ErrStale is returned by an Apply whose planned inputs moved.
+var ErrStale = errors.New("the plan's inputs moved")
+
+// ErrNoSpec is returned for a node without a spec.
+var ErrNoSpec = errors.New("no node spec")
+
+// nodeState is everything a pass reads about a node before deciding.
+type nodeState struct {
+	spec       *composerv1.NodeSpec
+	specRev    uint64
+	assignment *composerv1.Assignment
+	asgRev     uint64
+	haves      *composerv1.HaveRecord
+	havesRev   uint64
+}
+
+func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
+	st := &nodeState{}
+	var err error
+	if st.spec, st.specRev, err = p.cfg.Store.Spec(ctx, node); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("%w of %s", ErrNoSpec, node)
+		}
+		return nil, err
+	}
+	if st.assignment, st.asgRev, err = p.cfg.Store.Assignment(ctx, node); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("read assignment of %s: %w", node, err)
+	}
+	if st.haves, st.havesRev, err = p.cfg.Store.Have(ctx, node); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("read haves of %s: %w", node, err)
+	}
+	return st, nil
+}
+
+func wantOf(a *composerv1.Assignment, module string) *typev1.Want {
+	for _, w := range a.GetWants() {
+		if w.GetModule() == module {
+			return w
+		}
+	}
+	return nil
+}
+
+func appliedOf(h *composerv1.HaveRecord, module string) *composerv1.AppliedRef {
+	for _, hv := range h.GetHaves() {
+		if hv.GetModule() == module && hv.GetApplied().GetDigest() != "" {
+			return hv.GetApplied()
+		}
+	}
+	return nil
+}
+
+// Run passes over one node. In Write mode it requires the lease; with
+// expect set (an Apply of a plan) it refuses with ErrStale when the node's
+// inputs moved since the plan.
+func (p *Passer) Run(ctx context.Context, node string, mode Mode, expect *composerv1.AssignmentInputs) (*Result, error) {
+	ctx, span := p.cfg.Tracer.Start(ctx, "composer.pass.node", trace.WithAttributes(
+		attribute.String("mesh.node", node), attribute.Bool("mesh.plan", mode == Plan)))
+	defer span.End()
+	res, err := p.run(ctx, node, mode, expect)
+	if err == nil && res != nil {
+		err = res.Err
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return res, err
+}
+
+func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *composerv1.AssignmentInputs) (*Result, error) {
+	if mode == Write {
+		if err := p.cfg.Lease.Check(p.cfg.LeaseMargin); err != nil {
+			return nil, err
+		}
+	}
+	st, err := p.read(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Node: node}
+	var errs []error
+	fail := func(err error) {
+		errs = append(errs, err)
+	}
+
+	modules, fps, manifests, builds, fpHolds, err := p.resolve(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	res.Inputs = &composerv1.AssignmentInputs{SpecRevision: st.specRev, Fingerprints: fps, HavesRevision: st.havesRev, AssignmentRevision: st.asgRev}
+	if expect != nil && !sameInputs(expect, res.Inputs) {
+		return res, fmt.Errorf("%w for node %s: planned spec r%d, haves r%d, assignment r%d, fingerprints %v; now r%d, r%d, r%d, %v",
+			ErrStale, node, expect.GetSpecRevision(), expect.GetHavesRevision(), expect.GetAssignmentRevision(), expect.GetFingerprints(),
+			st.specRev, st.havesRev, st.asgRev, fps)
+	}
+
+	decl, err := compose.Declare(st.spec, modules)
+	if err != nil {
+		fail(err)
+		res.Err = errors.Join(errs...)
+		if mode == Write {
+			p.finish(ctx, st, res, nil)
+		}
+		return res, nil
+	}
+	split := compose.SplitDeclaration(compose.SplitInput{Declaration: decl, Fingerprints: fps, Manifests: manifests, Runs: decl.GetRuns()})
+	res.Moved = split.Moved
+
+	keys := make([]string, 0, len(split.Compositions))
+	for k := range split.Compositions {
+		if k != names.NodeKey(node) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	keys = append(keys, names.NodeKey(node))
+
+	work, err := p.prepare(ctx, node, st, keys, split.Compositions, mode)
+	if err != nil {
+		return nil, err
+	}
+	moduleFailed := false
+	for _, w := range work {
+		if w.err != nil {
+			fail(w.err)
+			if !w.own {
+				moduleFailed = true
+			}
+		}
+	}
+	if mode == Write {
+		p.writeAll(ctx, node, work, &moduleFailed, fail)
+	}
+	p.judgeAll(ctx, st, work, manifests, mode, fail)
+	for _, w := range work {
+		res.Compositions = append(res.Compositions, &Composition{Key: w.key, Module: w.comp.GetModule(), Digest: w.digest,
+			Judged: w.judged, Policy: w.policy, Written: w.differs, Err: w.err})
+	}
+	if len(errs) > 0 {
+		res.Err = errors.Join(errs...)
+		if mode == Write {
+			p.finish(ctx, st, res, nil)
+		}
+		return res, nil
+	}
+
+	wants, holds, err := p.assign(ctx, st, work, builds, fpHolds)
+	if err != nil {
+		fail(err)
+		res.Err = errors.Join(errs...)
+		if mode == Write {
+			p.finish(ctx, st, res, nil)
+		}
+		return res, nil
+	}
+	res.Wants, res.Holds = wants, holds
+	changes, resign := p.needsCommit(st, wants, holds, split.Moved)
+	res.Changes = changes || resign
+	if mode == Plan || !res.Changes {
+		if mode == Write {
+			p.finish(ctx, st, res, st.assignment)
+		}
+		return res, nil
+	}
+	asg, err := p.commit(ctx, st, wants, holds, split.Moved, res.Inputs, resign || changes)
+	if err != nil {
+		fail(err)
+		res.Err = errors.Join(errs...)
+		p.finish(ctx, st, res, nil)
+		return res, nil
+	}
+	res.Committed = true
+	p.finish(ctx, st, res, asg)
+	return res, nil
+}
+
+func sameInputs(a, b *composerv1.AssignmentInputs) bool {
+	return a.GetSpecRevision() == b.GetSpecRevision() && a.GetHavesRevision() == b.GetHavesRevision() &&
+		a.GetAssignmentRevision() == b.GetAssignmentRevision() && maps2Equal(a.GetFingerprints(), b.GetFingerprints())
+}
+
+func maps2Equal(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// fpHold is why a placed module does not run at its registered fingerprint.
+type fpHold struct {
+	module, fingerprint, reason string
+}
+
+// resolve picks, for each placed module, the fingerprint the node composes
+// it at: the registered one when its entry is of the module, its verdict not
+// FAIL and its build DONE; otherwise the fingerprint the node wants now if
+// that one still is; otherwise none (the module is listed as held).
+func (p *Passer) resolve(ctx context.Context, st *nodeState) (map[string]compose.Module, map[string]string, map[string]*typev1.ModuleManifest, map[string]*catalogBuild, []fpHold, error) {
+	modules := map[string]compose.Module{}
+	fps := map[string]string{}
+	manifests := map[string]*typev1.ModuleManifest{}
+	builds := map[string]*catalogBuild{}
+	var holds []fpHold
+	for _, pm := range st.spec.GetModules() {
+		m := pm.GetModule()
+		var registered string
+		if reg, ok := p.cfg.Catalog.Registration(m); ok {
+			registered = reg.GetFingerprint()
+		}
+		rel, build, why, err := p.usable(ctx, m, registered)
+		if err != nil {
+			return nil, nil, nil, nil, nil, err
+		}
+		fp := registered
+		if why != "" {
+			prev := wantOf(st.assignment, m)
+			fp = ""
+			if prev != nil && prev.GetFingerprint() != registered {
+				prel, pbuild, pwhy, perr := p.usable(ctx, m, prev.GetFingerprint())
+				if perr != nil {
+					return nil, nil, nil, nil, nil, perr
+				}
+				if pwhy == "" {
+					fp, rel, build = prev.GetFingerprint(), prel, pbuild
+					why += "; keeping " + prev.GetFingerprint()
+				}
+			}
+			holds = append(holds, fpHold{module: m, fingerprint: registered, reason: why})
+		}
+		if fp == "" {
+			continue
+		}
+		modules[m] = compose.Module{Fingerprint: fp, Manifest: rel.Manifest}
+		fps[m] = fp
+		manifests[m] = rel.Manifest
+		builds[m] = build
+	}
+	return modules, fps, manifests, builds, holds, nil
+}
+
+// catalogBuild is a module's release as the assigner needs it.
+type catalogBuild struct {
+	fingerprint string
+	parts       []*typev1.Artifact
+	manifest    *typev1.ModuleManifest
+}
+
+// usable says why a fingerprint cannot be composed for a module ("" when it
+// can); an error only when the catalog could not be asked.
+func (p *Passer) usable(ctx context.Context, module, fp string) (*Release, *catalogBuild, string, error) {
+	if !names.HasFingerprint(fp) {
+		return nil, nil, "no registered fingerprint", nil
+	}
+	rel, err := p.cfg.Catalog.Entry(ctx, fp)
+	if errors.Is(err, ErrNoEntry) {
+		return nil, nil, "the catalog holds no entry of " + fp, nil
+	}
+	if err != nil {
+		return nil, nil, "", err
+	}
+	if rel.Entry.GetModule() != module {
+		return nil, nil, fmt.Sprintf("%s is an entry of module %s", fp, rel.Entry.GetModule()), nil
+	}
+	if rel.Entry.GetVerdict() == catalogv1.Verdict_VERDICT_FAIL {
+		return nil, nil, fmt.Sprintf("entry %s has verdict FAIL", fp), nil
+	}
+	b, err := p.cfg.Catalog.Build(ctx, fp)
+	if errors.Is(err, ErrNoBuild) {
+		return nil, nil, "no build of " + fp + " yet", nil
+	}
+	if err != nil {
+		return nil, nil, "", err
+	}
+	if b.GetState() != catalogv1.BuildState_BUILD_STATE_DONE {
+		return nil, nil, fmt.Sprintf("the build of %s is %s", fp, stateWord(b.GetState().String())), nil
+	}
+	return rel, &catalogBuild{fingerprint: fp, parts: b.GetArtifacts(), manifest: rel.Manifest}, "", nil
+}
+
+func stateWord(s string) string {
+	if i := len("BUILD_STATE_"); len(s) > i {
+		return s[i:]
+	}
+	return s
+}
+
+// renewAt is when a manifest is renewed: once less than half its lifetime
+// is left, at a point in the next quarter chosen from the node and revision,
+// so renewals of a fleet spread out (DESIGN.md §5.4).
+func renewAt(node string, m *typev1.Manifest) time.Time {
+	issued, expires := m.GetIssuedAt().AsTime(), m.GetExpiresAt().AsTime()
+	life := expires.Sub(issued)
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%d", node, m.GetRevision())
+	frac := float64(h.Sum64()%10000) / 10000
+	return issued.Add(time.Duration(float64(life) * (0.5 + 0.25*frac)))
+}
+
+// needsCommit says whether the wants or holds differ from the held
+// assignment (changes), or the manifest must be signed again although they do
+// not (renewal, a revision conflict the engine reported, a newer keyset).
+func (p *Passer) needsCommit(st *nodeState, wants []*typev1.Want, holds []*composerv1.Hold, moved []string) (changes, resign bool) {
+	a := st.assignment
+	if a == nil {
+		return true, true
+	}
+	if !wantsEqual(a.GetWants(), wants) {
+		return true, true
+	}
+	if !holdsEqual(a.GetHolds(), holds) || !slices.Equal(a.GetMoved(), moved) {
+		changes = true
+	}
+	m := &typev1.Manifest{}
+	if err := envelope.Open(a.GetManifest(), typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m); err != nil {
+		return changes, true
+	}
+	now := p.cfg.Now()
+	if !now.Before(renewAt(st.spec.GetNode(), m)) {
+		return changes, true
+	}
+	if ring := p.cfg.Trust.Keyring(); ring != nil && m.GetKeysetVersion() < ring.Version() {
+		return changes, true
+	}
+	if a.GetManifest().GetSignatures() == nil || a.GetManifest().GetSignatures()[0].GetKeyId() != p.cfg.Trust.SigningKeyID() {
+		return changes, true
+	}
+	h := st.haves
+	if h.GetHighWater() > a.GetManifestRevision() {
+		return changes, true
+	}
+	for _, hv := range h.GetHaves() {
+		if hv.GetAttempt().GetReasonCode() == composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT &&
+			hv.GetAttempt().GetState() == composerv1.AttemptState_ATTEMPT_STATE_FAILED && h.GetApplied().GetDigest() != a.GetManifestDigest() {
+			return changes, true
+		}
+	}
+	return changes, false
+}
+
+func wantsEqual(a, b []*typev1.Want) bool {
+	return slices.EqualFunc(a, b, func(x, y *typev1.Want) bool { return proto.Equal(x, y) })
+}
+
+func holdsEqual(a, b []*composerv1.Hold) bool {
+	return slices.EqualFunc(a, b, func(x, y *composerv1.Hold) bool { return proto.Equal(x, y) })
+}
+
+// commit signs the node's manifest (when needed) and writes its assignment
+// with one CAS: the commit point. Every composition the wants name is held
+// (checked by assign).
+func (p *Passer) commit(ctx context.Context, st *nodeState, wants []*typev1.Want, holds []*composerv1.Hold, moved []string, inputs *composerv1.AssignmentInputs, sign bool) (*composerv1.Assignment, error) {
+	node := st.spec.GetNode()
+	if err := p.cfg.Lease.Check(p.cfg.LeaseMargin); err != nil {
+		return nil, err
+	}
+	a := &composerv1.Assignment{Node: node, Wants: wants, Holds: holds, Inputs: inputs, Moved: moved}
+	if sign || st.assignment == nil {
+		floor := max(st.assignment.GetManifestRevision(), st.haves.GetHighWater()) + 1
+		tp, ts := telemetry.Traceparent(ctx)
+		signed, err := p.cfg.Signer.SignManifests(ctx, []*signerv1.ManifestItem{{Node: node, RevisionFloor: floor, Wants: wants, Traceparent: tp, Tracestate: ts}})
+		if err != nil {
+			return nil, fmt.Errorf("%s: sign manifest: %w", node, err)
+		}
+		sm := signed[0]
+		a.Manifest, a.ManifestDigest, a.ManifestRevision, a.ManifestExpiresAt = sm.GetItem().GetEnvelope(), sm.GetItem().GetDigest(), sm.GetRevision(), sm.GetExpiresAt()
+	} else {
+		a.Manifest, a.ManifestDigest, a.ManifestRevision, a.ManifestExpiresAt = st.assignment.GetManifest(), st.assignment.GetManifestDigest(), st.assignment.GetManifestRevision(), st.assignment.GetManifestExpiresAt()
+	}
+	if _, err := p.cfg.Store.WriteAssignment(ctx, a, st.asgRev); err != nil {
+		return nil, fmt.Errorf("%s: commit assignment at revision %d: %w", node, st.asgRev, err)
+	}
+	return a, nil
+}
+
+// finish records status and prunes; both run after every Write pass, even a
+// failing one.
+func (p *Passer) finish(ctx context.Context, st *nodeState, res *Result, asg *composerv1.Assignment) {
+	if asg == nil {
+		asg = st.assignment
+	}
+	m := &typev1.Manifest{}
+	if asg != nil && envelope.Open(asg.GetManifest(), typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m) == nil {
+		res.RenewAt = renewAt(res.Node, m)
+	}
+	if err := p.writeStatus(ctx, st, res, asg); err != nil {
+		p.cfg.Logger.WarnContext(ctx, "write status", "node", res.Node, "error", err)
+	}
+	if err := p.prune(ctx, res.Node, asg, st.haves); err != nil {
+		p.cfg.Logger.WarnContext(ctx, "prune", "node", res.Node, "error", err)
+	}
+}
+
+// DeleteNode removes what the composer derived for a node whose spec is gone:
+// its assignment (so no manifest is served any more), its compositions and
+// their judgement records, its haves and its status. The signer keeps the
+// node's revision, so a node re-created later never goes backwards.
+func (p *Passer) DeleteNode(ctx context.Context, node string) error {
+	if err := p.cfg.Lease.Check(p.cfg.LeaseMargin); err != nil {
+		return err
+	}
+	if _, _, err := p.cfg.Store.Spec(ctx, node); err == nil {
+		return nil
+	}
+	var errs []error
+	del := func(kv interface {
+		Delete(context.Context, string, ...natsx.DeleteOption) error
+	}, key string) {
+		if err := kv.Delete(ctx, key); err != nil && !errors.Is(err, store.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	del(p.cfg.Store.Assignments, node)
+	keys, err := p.cfg.Store.Compositions.ListKeys(ctx, node+".>")
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, k := range keys {
+		if kk, err := names.ParseCompositionKey(k); err != nil || kk.Node != node {
+			continue
+		}
+		del(p.cfg.Store.Composed, k)
+		del(p.cfg.Store.Compositions, k)
+	}
+	del(p.cfg.Store.Haves, node)
+	del(p.cfg.Store.Status, node)
+	return errors.Join(errs...)
+}
+
+// Declaration renders a node's declaration with the fingerprints a pass
+// would use now.
+func (p *Passer) Declaration(ctx context.Context, spec *composerv1.NodeSpec) (*composerv1.Declaration, error) {
+	st := &nodeState{spec: spec}
+	var err error
+	if st.assignment, _, err = p.cfg.Store.Assignment(ctx, spec.GetNode()); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	modules, _, _, _, _, err := p.resolve(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	return compose.Declare(spec, modules)
+}

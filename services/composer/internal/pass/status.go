@@ -1,0 +1,134 @@
+package pass
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	"mesh.dev/services/composer/internal/store"
+)
+
+// LastSeen tells when a node's engine was last heard (kept in memory by the
+// Sync streams); zero when unknown here.
+type LastSeen func(node string) time.Time
+
+// BuildStatus derives a node's status from its assignment, its haves and the
+// pass's error (DESIGN.md §5.3): wanted vs applied per module with the
+// engine's last attempt, holds, the manifest's revision and expiry.
+func BuildStatus(node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, lastErr error, prev *composerv1.NodeStatus, seen time.Time, now time.Time) *composerv1.NodeStatus {
+	st := &composerv1.NodeStatus{
+		Node: node, Holds: asg.GetHolds(), ManifestRevision: asg.GetManifestRevision(), ManifestExpiresAt: asg.GetManifestExpiresAt(),
+		AppliedRevision: haves.GetApplied().GetRevision(),
+	}
+	if lastErr != nil {
+		st.LastError = strings.ReplaceAll(lastErr.Error(), "\n", "; ")
+		st.LastErrorAt = timestamppb.New(now)
+		if prev.GetLastError() == st.LastError && prev.GetLastErrorAt() != nil {
+			st.LastErrorAt = prev.GetLastErrorAt()
+		}
+	}
+	if !seen.IsZero() {
+		st.LastSeen = timestamppb.New(seen)
+	} else {
+		st.LastSeen = prev.GetLastSeen()
+	}
+	have := map[string]*composerv1.Have{}
+	for _, h := range haves.GetHaves() {
+		have[h.GetModule()] = h
+	}
+	holdOf := map[string]*composerv1.Hold{}
+	for _, h := range asg.GetHolds() {
+		holdOf[h.GetModule()] = h
+	}
+	converged := asg != nil && lastErr == nil && haves.GetApplied().GetDigest() == asg.GetManifestDigest()
+	seenModule := map[string]bool{}
+	for _, w := range asg.GetWants() {
+		h := have[w.GetModule()]
+		ms := &composerv1.ModuleStatus{
+			Module: w.GetModule(), WantedFingerprint: w.GetFingerprint(), WantedDigest: w.GetCompositionDigest(),
+			AppliedFingerprint: h.GetApplied().GetFingerprint(), AppliedDigest: h.GetApplied().GetDigest(),
+			State: h.GetAttempt().GetState(), ReasonCode: h.GetAttempt().GetReasonCode(), Reason: h.GetAttempt().GetReason(),
+			Since: h.GetAttempt().GetSince(), Hold: holdOf[w.GetModule()],
+		}
+		if ms.AppliedDigest != ms.WantedDigest {
+			converged = false
+		}
+		st.Modules = append(st.Modules, ms)
+		seenModule[w.GetModule()] = true
+	}
+	for _, h := range asg.GetHolds() {
+		if !seenModule[h.GetModule()] {
+			st.Modules = append(st.Modules, &composerv1.ModuleStatus{Module: h.GetModule(), Hold: h,
+				AppliedFingerprint: have[h.GetModule()].GetApplied().GetFingerprint(), AppliedDigest: have[h.GetModule()].GetApplied().GetDigest()})
+			seenModule[h.GetModule()] = true
+		}
+	}
+	sortModules(st.Modules)
+	st.Converged = converged
+	return st
+}
+
+func sortModules(ms []*composerv1.ModuleStatus) {
+	for i := 1; i < len(ms); i++ {
+		for j := i; j > 0 && ms[j-1].GetModule() > ms[j].GetModule(); j-- {
+			ms[j-1], ms[j] = ms[j], ms[j-1]
+		}
+	}
+}
+
+// sameStatus compares two statuses without their write times.
+func sameStatus(a, b *composerv1.NodeStatus) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	x, y := proto.Clone(a).(*composerv1.NodeStatus), proto.Clone(b).(*composerv1.NodeStatus)
+	x.UpdatedAt, y.UpdatedAt = nil, nil
+	return proto.Equal(x, y)
+}
+
+func (p *Passer) writeStatus(ctx context.Context, st *nodeState, res *Result, asg *composerv1.Assignment) error {
+	return p.putStatus(ctx, res.Node, asg, st.haves, res.Err)
+}
+
+func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, lastErr error) error {
+	prev, _, err := p.cfg.Store.NodeStatus(ctx, node)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		prev = nil
+	}
+	var seen time.Time
+	if p.cfg.LastSeen != nil {
+		seen = p.cfg.LastSeen(node)
+	}
+	now := p.cfg.Now()
+	next := BuildStatus(node, asg, haves, lastErr, prev, seen, now)
+	if sameStatus(prev, next) {
+		return nil
+	}
+	next.UpdatedAt = timestamppb.New(now)
+	return p.cfg.Store.PutStatus(ctx, next)
+}
+
+// RefreshStatus rewrites a node's status from its assignment and haves
+// without composing (after a have report that needs no new pass). The last
+// compose error is kept.
+func (p *Passer) RefreshStatus(ctx context.Context, node string) error {
+	asg, _, err := p.cfg.Store.Assignment(ctx, node)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	haves, _, err := p.cfg.Store.Have(ctx, node)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	prev, _, err := p.cfg.Store.NodeStatus(ctx, node)
+	var lastErr error
+	if err == nil && prev.GetLastError() != "" {
+		lastErr = errors.New(prev.GetLastError())
+	}
+	return p.putStatus(ctx, node, asg, haves, lastErr)
+}

@@ -1,0 +1,482 @@
+// Package reconcile decides which nodes the composer passes over and when
+// (DESIGN.md §5.2, §6): a node is recomposed when its spec changes, when a
+// module it places is registered at a new fingerprint, when an approval of a
+// module it places changes, when its engine reports a new applied digest or a
+// failure that needs a new signature, and when its manifest is due for
+// renewal; a full reconcile visits every node within the period (15 min),
+// spread out. Watches run on every replica; passes run only while this
+// composer holds the lease.
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
+
+	"mesh.dev/internal/telemetry"
+	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	"mesh.dev/services/composer/internal/pass"
+	"mesh.dev/services/composer/internal/store"
+)
+
+// Config is what a Reconciler needs.
+type Config struct {
+	Store  *store.Store
+	Passer *pass.Passer
+	Logger *slog.Logger
+	// Workers is how many nodes are passed over at once.
+	Workers int
+	// Period is the full reconcile period: every node is visited at least
+	// this often.
+	Period time.Duration
+	// OnPass, when set, is called after every pass (metrics, tests).
+	OnPass func(node string, res *pass.Result, err error)
+	// OnNodeDeleted, when set, is called when a node's spec is deleted
+	// (the Sync streams of the node end).
+	OnNodeDeleted func(node string)
+	Now    func() time.Time
+}
+
+// task is a pending pass of one node: why, and the trace it continues.
+type task struct {
+	reason      string
+	traceparent string
+	tracestate  string
+}
+
+// Reconciler queues and runs node passes.
+type Reconciler struct {
+	cfg Config
+
+	mu sync.Mutex
+	// queue holds nodes in order; pending their tasks; running the nodes
+	// being passed over, and dirty those queued again meanwhile.
+	queue   []string
+	pending map[string]task
+	running map[string]bool
+	dirty   map[string]task
+	wake    chan struct{}
+	leading bool
+
+	specs     map[string]*composerv1.NodeSpec
+	approvals map[string]*composerv1.Approval
+	haves     map[string]*composerv1.HaveRecord
+	nextVisit map[string]time.Time
+}
+
+// New returns a Reconciler.
+func New(cfg Config) *Reconciler {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 16
+	}
+	if cfg.Period <= 0 {
+		cfg.Period = 15 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Reconciler{cfg: cfg, pending: map[string]task{}, running: map[string]bool{}, dirty: map[string]task{},
+		wake: make(chan struct{}, 1), specs: map[string]*composerv1.NodeSpec{}, haves: map[string]*composerv1.HaveRecord{},
+		approvals: map[string]*composerv1.Approval{},
+		nextVisit: map[string]time.Time{}}
+}
+
+// Enqueue asks for a pass of a node, continuing the trace of ctx.
+func (r *Reconciler) Enqueue(ctx context.Context, node, reason string) {
+	tp, ts := telemetry.Traceparent(ctx)
+	r.enqueue(node, task{reason: reason, traceparent: tp, tracestate: ts})
+}
+
+func (r *Reconciler) enqueue(node string, t task) {
+	r.mu.Lock()
+	if r.running[node] {
+		r.dirty[node] = t
+	} else if _, ok := r.pending[node]; !ok {
+		r.pending[node] = t
+		r.queue = append(r.queue, node)
+	} else if t.traceparent != "" {
+		r.pending[node] = t
+	}
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Pending returns how many nodes wait for a pass.
+func (r *Reconciler) Pending() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.queue) + len(r.running)
+}
+
+// ModuleChanged queues every node placing a module, continuing the
+// registration's trace.
+func (r *Reconciler) ModuleChanged(reg *catalogv1.Registration) {
+	t := task{reason: "module " + reg.GetModule() + " registered at " + reg.GetFingerprint(), traceparent: reg.GetTraceparent(), tracestate: reg.GetTracestate()}
+	for _, node := range r.nodesPlacing(reg.GetModule()) {
+		r.enqueue(node, t)
+	}
+}
+
+func (r *Reconciler) nodesPlacing(module string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for node, spec := range r.specs {
+		for _, pm := range spec.GetModules() {
+			if pm.GetModule() == module {
+				out = append(out, node)
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Nodes returns every node with a spec.
+func (r *Reconciler) Nodes() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, 0, len(r.specs))
+	for n := range r.specs {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Spec returns a node's spec as the nodes watch last delivered it.
+func (r *Reconciler) Spec(node string) (*composerv1.NodeSpec, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.specs[node]
+	return s, ok
+}
+
+// Watch follows node specs, approvals and haves until ctx is done, queueing
+// the passes they call for.
+func (r *Reconciler) Watch(ctx context.Context) error {
+	errc := make(chan error, 3)
+	go func() { errc <- r.watchSpecs(ctx) }()
+	go func() { errc <- r.watchApprovals(ctx) }()
+	go func() { errc <- r.watchHaves(ctx) }()
+	err := <-errc
+	return err
+}
+
+func (r *Reconciler) watchSpecs(ctx context.Context) error {
+	w, err := r.cfg.Store.Nodes.Watch(ctx, ">")
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	for e := range w.Updates() {
+		if e == nil {
+			continue
+		}
+		node := e.Key
+		tctx := e.TraceContext(context.Background())
+		if e.Op != jetstream.KeyValuePut {
+			r.mu.Lock()
+			delete(r.specs, node)
+			delete(r.nextVisit, node)
+			r.mu.Unlock()
+			if r.cfg.OnNodeDeleted != nil {
+				r.cfg.OnNodeDeleted(node)
+			}
+			r.Enqueue(tctx, node, "node spec deleted")
+			continue
+		}
+		spec := &composerv1.NodeSpec{}
+		if err := proto.Unmarshal(e.Value, spec); err != nil {
+			r.cfg.Logger.Warn("node spec does not decode", "node", node, "error", err)
+			continue
+		}
+		r.mu.Lock()
+		old := r.specs[node]
+		r.specs[node] = spec
+		r.mu.Unlock()
+		if old == nil || !proto.Equal(old, spec) {
+			r.Enqueue(tctx, node, "node spec changed")
+		}
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return errors.Join(errors.New("node spec watch ended"), w.Err())
+}
+
+// Approvals returns the approvals the watch holds (they outlive restarts:
+// the watch starts from the bucket's current state).
+func (r *Reconciler) Approvals() []*composerv1.Approval {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*composerv1.Approval, 0, len(r.approvals))
+	for _, a := range r.approvals {
+		out = append(out, a)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GetId() < out[j].GetId() })
+	return out
+}
+
+func (r *Reconciler) watchApprovals(ctx context.Context) error {
+	w, err := r.cfg.Store.Approvals.Watch(ctx, ">")
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	initial := true
+	for e := range w.Updates() {
+		if e == nil {
+			initial = false
+			continue
+		}
+		a := &composerv1.Approval{}
+		if e.Op != jetstream.KeyValuePut {
+			r.mu.Lock()
+			delete(r.approvals, e.Key)
+			r.mu.Unlock()
+			continue
+		}
+		if proto.Unmarshal(e.Value, a) != nil {
+			continue
+		}
+		r.mu.Lock()
+		r.approvals[e.Key] = a
+		r.mu.Unlock()
+		if initial {
+			continue
+		}
+		tctx := e.TraceContext(context.Background())
+		for _, node := range r.nodesPlacing(a.GetModule()) {
+			r.Enqueue(tctx, node, "approval "+a.GetId()+" of module "+a.GetModule())
+		}
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return errors.Join(errors.New("approvals watch ended"), w.Err())
+}
+
+// needsPass reports whether a new haves record calls for a pass (DESIGN.md
+// §6 step 4): an applied digest changed, or an attempt failed for a digest or
+// signature reason or a revision conflict.
+func needsPass(old, next *composerv1.HaveRecord) bool {
+	applied := map[string]string{}
+	for _, h := range old.GetHaves() {
+		applied[h.GetModule()] = h.GetApplied().GetDigest()
+	}
+	for _, h := range next.GetHaves() {
+		if applied[h.GetModule()] != h.GetApplied().GetDigest() {
+			return true
+		}
+		delete(applied, h.GetModule())
+		if h.GetAttempt().GetState() == composerv1.AttemptState_ATTEMPT_STATE_FAILED {
+			switch h.GetAttempt().GetReasonCode() {
+			case composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH, composerv1.ReasonCode_REASON_CODE_SIGNATURE_INVALID,
+				composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT, composerv1.ReasonCode_REASON_CODE_WANT_MISMATCH:
+				return true
+			}
+		}
+	}
+	if len(applied) > 0 {
+		return true
+	}
+	if next.GetHighWater() > old.GetHighWater() && old != nil {
+		return false
+	}
+	return false
+}
+
+func (r *Reconciler) watchHaves(ctx context.Context) error {
+	w, err := r.cfg.Store.Haves.Watch(ctx, ">")
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	for e := range w.Updates() {
+		if e == nil || e.Op != jetstream.KeyValuePut {
+			continue
+		}
+		rec := &composerv1.HaveRecord{}
+		if proto.Unmarshal(e.Value, rec) != nil {
+			continue
+		}
+		r.mu.Lock()
+		old, known := r.haves[e.Key]
+		r.haves[e.Key] = rec
+		leading := r.leading
+		r.mu.Unlock()
+		tctx := e.TraceContext(context.Background())
+		switch {
+		case !known:
+			// The first record seen after a start: the full reconcile
+			// covers it.
+		case needsPass(old, rec):
+			r.Enqueue(tctx, e.Key, "engine reported a change")
+		case leading:
+			if err := r.cfg.Passer.RefreshStatus(tctx, e.Key); err != nil {
+				r.cfg.Logger.Warn("refresh status", "node", e.Key, "error", err)
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return errors.Join(errors.New("haves watch ended"), w.Err())
+}
+
+// Lead runs passes while ctx (the lease tenure) lasts: a full reconcile at
+// once, then the queue, renewals and the spread full reconcile.
+func (r *Reconciler) Lead(ctx context.Context) {
+	r.mu.Lock()
+	r.leading = true
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.leading = false
+		r.mu.Unlock()
+	}()
+	for _, n := range r.Nodes() {
+		r.enqueue(n, task{reason: "full reconcile on taking the lease"})
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < r.cfg.Workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.work(ctx)
+		}()
+	}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		case <-t.C:
+			r.visitDue()
+		}
+	}
+}
+
+// visitDue queues nodes whose next visit (renewal or the spread full
+// reconcile) has come.
+func (r *Reconciler) visitDue() {
+	now := r.cfg.Now()
+	var due []string
+	r.mu.Lock()
+	for node := range r.specs {
+		next, ok := r.nextVisit[node]
+		if ok && now.After(next) {
+			due = append(due, node)
+		}
+	}
+	r.mu.Unlock()
+	for _, n := range due {
+		r.enqueue(n, task{reason: "periodic visit"})
+	}
+}
+
+func (r *Reconciler) next(ctx context.Context) (string, task, bool) {
+	for {
+		r.mu.Lock()
+		if len(r.queue) > 0 {
+			node := r.queue[0]
+			r.queue = r.queue[1:]
+			t := r.pending[node]
+			delete(r.pending, node)
+			r.running[node] = true
+			r.mu.Unlock()
+			return node, t, true
+		}
+		r.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return "", task{}, false
+		case <-r.wake:
+		}
+	}
+}
+
+func (r *Reconciler) work(ctx context.Context) {
+	for {
+		node, t, ok := r.next(ctx)
+		if !ok {
+			return
+		}
+		res, err := r.runOne(ctx, node, t)
+		r.mu.Lock()
+		delete(r.running, node)
+		if again, ok := r.dirty[node]; ok {
+			delete(r.dirty, node)
+			r.pending[node] = again
+			r.queue = append(r.queue, node)
+		}
+		r.scheduleLocked(node, res, err)
+		r.mu.Unlock()
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// scheduleLocked sets a node's next visit: the spread full reconcile, or the
+// manifest's renewal time when sooner, or a retry after a failure.
+func (r *Reconciler) scheduleLocked(node string, res *pass.Result, err error) {
+	now := r.cfg.Now()
+	next := now.Add(time.Duration(float64(r.cfg.Period) * (0.5 + 0.5*rand.Float64())))
+	if res != nil && !res.RenewAt.IsZero() && res.RenewAt.Before(next) {
+		next = res.RenewAt
+	}
+	if err != nil || res == nil || res.Err != nil {
+		// A failed pass is retried soon, with jitter, not at once.
+		next = now.Add(time.Duration(float64(30*time.Second) * (0.5 + rand.Float64())))
+	}
+	r.nextVisit[node] = next
+}
+
+func (r *Reconciler) runOne(ctx context.Context, node string, t task) (*pass.Result, error) {
+	pctx := telemetry.ContextWithTraceparent(ctx, t.traceparent, t.tracestate)
+	if !trace.SpanContextFromContext(pctx).IsValid() {
+		pctx = ctx
+	}
+	r.mu.Lock()
+	_, hasSpec := r.specs[node]
+	r.mu.Unlock()
+	var res *pass.Result
+	var err error
+	if !hasSpec {
+		err = r.cfg.Passer.DeleteNode(pctx, node)
+	} else {
+		res, err = r.cfg.Passer.Run(pctx, node, pass.Write, nil)
+		if errors.Is(err, pass.ErrNoSpec) {
+			err = nil
+		}
+	}
+	if err != nil {
+		r.cfg.Logger.Warn("pass failed", "node", node, "reason", t.reason, "error", err)
+	}
+	if r.cfg.OnPass != nil {
+		r.cfg.OnPass(node, res, err)
+	}
+	return res, err
+}
