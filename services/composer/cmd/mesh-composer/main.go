@@ -1,0 +1,97 @@
+// Command mesh-composer turns node specs into signed compositions and
+// manifests and serves node engines' Sync streams (DESIGN.md §5, §6). Run
+// several replicas: any serves reads and streams; only the holder of the
+// composer lease writes.
+//
+//	mesh-composer serve --config FILE [flags]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"mesh.dev/internal/config"
+	"mesh.dev/internal/telemetry"
+	"mesh.dev/services/composer/app"
+)
+
+const usage = `usage:
+  mesh-composer serve --config FILE [--listen ADDR] [--metrics-listen ADDR]
+                      [--signer-addr ADDR] [--catalog-addr ADDR] [--holder NAME]
+                      [--nats-url URL | --nats-embedded-dir DIR]`
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "mesh-composer:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	if len(args) == 0 {
+		return errors.New(usage)
+	}
+	switch args[0] {
+	case "serve":
+		return serve(args[1:])
+	case "-h", "--help", "help":
+		fmt.Println(usage)
+		return nil
+	}
+	return fmt.Errorf("unknown command %q\n%s", args[0], usage)
+}
+
+func override(dst *string, v string) {
+	if v != "" {
+		*dst = v
+	}
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	configFile := fs.String("config", "", "YAML config file (unknown keys are refused)")
+	var over app.Config
+	fs.StringVar(&over.Listen, "listen", "", "gRPC listen address (default "+app.DefaultListen+")")
+	fs.StringVar(&over.MetricsListen, "metrics-listen", "", "Prometheus /metrics listen address")
+	fs.StringVar(&over.SignerAddr, "signer-addr", "", "signer address")
+	fs.StringVar(&over.CatalogAddr, "catalog-addr", "", "catalog address")
+	fs.StringVar(&over.Holder, "holder", "", "this replica's name in the lease (default host-pid)")
+	fs.StringVar(&over.NATS.URL, "nats-url", "", "URL(s) of the NATS server or cluster")
+	fs.StringVar(&over.NATS.EmbeddedDir, "nats-embedded-dir", "", "run an embedded NATS server storing JetStream here")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var cfg app.Config
+	if err := config.Load(*configFile, &cfg); err != nil {
+		return err
+	}
+	override(&cfg.Listen, over.Listen)
+	override(&cfg.MetricsListen, over.MetricsListen)
+	override(&cfg.SignerAddr, over.SignerAddr)
+	override(&cfg.CatalogAddr, over.CatalogAddr)
+	override(&cfg.Holder, over.Holder)
+	if over.NATS.URL != "" {
+		cfg.NATS.EmbeddedDir, cfg.NATS.URL = "", over.NATS.URL
+	}
+	if over.NATS.EmbeddedDir != "" {
+		cfg.NATS.URL, cfg.NATS.EmbeddedDir = "", over.NATS.EmbeddedDir
+	}
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	tel, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "mesh-composer", MetricsAddr: cfg.MetricsListen, Global: true})
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	defer tel.Shutdown(context.Background())
+	return app.Run(ctx, cfg, app.Options{Logger: tel.Logger, TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
+}
