@@ -1,0 +1,117 @@
+package app_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"mesh.dev/internal/names"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	"mesh.dev/services/nodeengine/internal/state"
+)
+
+// TestStateFailurePolicy checks each section's failure policy: a failed
+// high-water write blocks the apply; a failed ledger commit leaves the
+// journal, finished by the next start; a failed entry write is retried
+// without blocking; an unreadable ledger applies nothing and says why.
+func TestStateFailurePolicy(t *testing.T) {
+	t.Parallel()
+	t.Run("high-water write blocks the apply", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		var faulty *state.Faulty
+		r := w.start(t, options{wrap: func(s state.Store) state.Store { faulty = state.NewFaulty(s); return faulty }})
+		eventually(t, "hello sent", func() (bool, string) {
+			w.composer.mu.Lock()
+			defer w.composer.mu.Unlock()
+			return len(w.composer.hellos) > 0, ""
+		})
+		faulty.Fail(state.SectionHighWater, true)
+		m := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "a")))
+		r.waitAttempt(t, names.NodeModule, stateFailed, composerv1.ReasonCode_REASON_CODE_WRITE_FAILED)
+		if _, err := os.Stat(w.path("/etc/app/a")); !os.IsNotExist(err) {
+			t.Fatalf("applied while its high-water mark was not kept: %v", err)
+		}
+		faulty.Fail(state.SectionHighWater, false)
+		r.eng.Engine.Pass(context.Background())
+		r.waitApplied(t, m)
+	})
+	t.Run("failed commit is finished by the next start", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		var faulty *state.Faulty
+		r := w.start(t, options{wrap: func(s state.Store) state.Store { faulty = state.NewFaulty(s); return faulty }})
+		faulty.Fail(state.SectionLedger, true)
+		w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "a"), file("node", "b", "/etc/app/b", "b")))
+		r.waitAttempt(t, names.NodeModule, stateFailed, composerv1.ReasonCode_REASON_CODE_WRITE_FAILED)
+		r.stop()
+		w.cfg.ComposerAddr = "127.0.0.1:1"
+		r = w.start(t)
+		eventually(t, "journal finished", func() (bool, string) {
+			s := r.status(t)
+			return s.GetApplied().GetRevision() == 1 && haveOf(s, names.NodeModule).GetApplied() != nil, s.String()
+		})
+		if readFile(t, w.path("/etc/app/a")) != "a" || readFile(t, w.path("/etc/app/b")) != "b" {
+			t.Error("not fully applied")
+		}
+	})
+	t.Run("failed entry write is retried without blocking", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		var faulty *state.Faulty
+		r := w.start(t, options{wrap: func(s state.Store) state.Store { faulty = state.NewFaulty(s); return faulty }})
+		faulty.Fail(state.SectionEntries, true)
+		fp := w.release("web", "1.0.0", nil)
+		w.publish(manifestOpts{}, moduleComp("web", fp, file("web", "conf", "/opt/app/conf", "x")), nodeComp())
+		r.waitAttempt(t, "web", stateApplied, 0)
+		n := faulty.Attempts(state.SectionEntries)
+		r.eng.Engine.Pass(context.Background())
+		if faulty.Attempts(state.SectionEntries) <= n {
+			t.Error("the entry write was not retried by the next pass")
+		}
+		faulty.Fail(state.SectionEntries, false)
+		r.eng.Engine.Pass(context.Background())
+		r.stop()
+		db, err := state.Open(w.cfg.StateDir + "/engine.db")
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept, err := db.Load()
+		db.Close()
+		if err != nil || kept.Entries[fp].Entry == nil {
+			t.Fatalf("entry not kept after recovery: %v", err)
+		}
+		if kept.Wants["web"].Since.IsZero() || time.Since(kept.Wants["web"].Since) > time.Minute {
+			t.Errorf("want since %v", kept.Wants["web"].Since)
+		}
+	})
+	t.Run("unreadable ledger applies nothing", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		r := w.start(t)
+		m := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "a")))
+		r.waitApplied(t, m)
+		r.stop()
+		db, err := bolt.Open(w.cfg.StateDir+"/engine.db", 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.Update(func(tx *bolt.Tx) error {
+			return tx.Bucket([]byte(state.SectionLedger)).Put([]byte("path./etc/app/a"), []byte("{garbage"))
+		})
+		db.Close()
+		r = w.start(t)
+		w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "changed")))
+		a := r.waitAttempt(t, names.NodeModule, stateFailed, composerv1.ReasonCode_REASON_CODE_STATE_UNREADABLE)
+		if !strings.Contains(a.GetReason(), "ledger unreadable") {
+			t.Errorf("reason %q", a.GetReason())
+		}
+		if got := readFile(t, w.path("/etc/app/a")); got != "a" {
+			t.Errorf("applied with an unreadable ledger: %q", got)
+		}
+	})
+}

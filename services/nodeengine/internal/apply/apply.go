@@ -1,0 +1,755 @@
+// Package apply puts compositions on disk (DESIGN.md §7 "Apply"): one
+// os.Root per allowed prefix, each resource through the longest prefix that
+// contains it; refusals for paths that escape, leave the prefixes or pass
+// through an absolute symlink, for special files and for existing paths the
+// engine does not manage; files written through a temp file, fsync, rename
+// and directory fsync; mode and owner set on a descriptor opened with
+// O_NOFOLLOW; a ledger of every path the engine put there; and an intent
+// journal written before disk is touched, so a crash mid-apply is finished on
+// restart.
+//
+// An apply is three steps. Prepare reads the disk and plans the ops without
+// writing anything, refusing a composition (by module) that it cannot apply
+// safely. Stage fetches the content the ops need into the state dir, hashed
+// while streamed and cut at the declared size. Execute journals the ops,
+// runs them and commits the ledger and the applied compositions.
+package apply
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"mesh.dev/internal/names"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+	"mesh.dev/services/nodeengine/internal/state"
+)
+
+// Reason codes of refusals and failures.
+const (
+	codePathEscape     = composerv1.ReasonCode_REASON_CODE_PATH_ESCAPE
+	codeThroughSymlink = composerv1.ReasonCode_REASON_CODE_PATH_THROUGH_SYMLINK
+	codeOutside        = composerv1.ReasonCode_REASON_CODE_PATH_OUTSIDE_PREFIXES
+	codeSpecial        = composerv1.ReasonCode_REASON_CODE_SPECIAL_FILE
+	codeUnmanaged      = composerv1.ReasonCode_REASON_CODE_UNMANAGED_PATH
+	codeConflict       = composerv1.ReasonCode_REASON_CODE_PATH_CONFLICT
+	codeWrite          = composerv1.ReasonCode_REASON_CODE_WRITE_FAILED
+	codePartMissing    = composerv1.ReasonCode_REASON_CODE_PART_MISSING
+	codeFetch          = composerv1.ReasonCode_REASON_CODE_FETCH_FAILED
+	codeDigest         = composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH
+	codeSize           = composerv1.ReasonCode_REASON_CODE_SIZE_EXCEEDED
+)
+
+// Default modes of a resource whose mode is 0 (proto3 cannot tell an unset
+// mode from 0, and a file nobody may read is never what a module meant).
+const (
+	DefaultFileMode = 0o644
+	DefaultDirMode  = 0o755
+)
+
+// Failure is why a module's composition was not applied, with its code.
+type Failure struct {
+	Code   composerv1.ReasonCode
+	Reason string
+}
+
+func (f *Failure) Error() string { return f.Reason }
+
+func fail(code composerv1.ReasonCode, format string, args ...any) *Failure {
+	return &Failure{Code: code, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Composition is one composition to have in effect.
+type Composition struct {
+	// Module is the composition's module, "node" for the node's own.
+	Module string
+	Key    string
+	Comp   *typev1.Composition
+	// Env is the signed envelope, recorded as applied once its ops are done.
+	Env *typev1.Envelope
+	// Parts are the want's artifact parts by ref.
+	Parts map[string]*typev1.Artifact
+}
+
+// Config is what an Applier needs.
+type Config struct {
+	// Root is prepended to every path: "/" in production, a directory of
+	// its own for each engine of a dev mesh or test.
+	Root string
+	// Prefixes are the absolute clean paths the engine may write under.
+	Prefixes []string
+	// StateDir holds stage/ (fetched content waiting to be written) and
+	// adopted/ (the prior content of adopted paths).
+	StateDir string
+	Logger   *slog.Logger
+}
+
+type prefix struct {
+	path string
+	root *os.Root
+}
+
+// Applier applies compositions under its prefixes.
+type Applier struct {
+	prefixes   []prefix // longest first
+	stageDir   string
+	adoptedDir string
+	log        *slog.Logger
+	euid, egid int
+
+	mu     sync.Mutex
+	warned map[string]bool
+}
+
+// New opens one os.Root per prefix, creating a missing prefix directory
+// (0755), and the state dir's stage/ and adopted/.
+func New(cfg Config) (*Applier, error) {
+	if cfg.Root == "" {
+		return nil, errors.New("apply: no root")
+	}
+	if len(cfg.Prefixes) == 0 {
+		return nil, errors.New("apply: no allowed prefix")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	a := &Applier{
+		stageDir: filepath.Join(cfg.StateDir, "stage"), adoptedDir: filepath.Join(cfg.StateDir, "adopted"),
+		log: cfg.Logger, euid: os.Geteuid(), egid: os.Getegid(), warned: map[string]bool{},
+	}
+	for _, d := range []string{a.stageDir, a.adoptedDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("apply: %w", err)
+		}
+	}
+	seen := map[string]bool{}
+	for i, p := range cfg.Prefixes {
+		if err := names.CheckPath(fmt.Sprintf("allow_prefix[%d]", i), p); err != nil {
+			a.Close()
+			return nil, fmt.Errorf("apply: %w", err)
+		}
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
+		dir := filepath.Join(cfg.Root, filepath.FromSlash(p))
+		if err := os.MkdirAll(dir, DefaultDirMode); err != nil {
+			a.Close()
+			return nil, fmt.Errorf("apply: prefix %s: %w", p, err)
+		}
+		r, err := os.OpenRoot(dir)
+		if err != nil {
+			a.Close()
+			return nil, fmt.Errorf("apply: prefix %s: %w", p, err)
+		}
+		a.prefixes = append(a.prefixes, prefix{path: p, root: r})
+	}
+	sort.Slice(a.prefixes, func(i, j int) bool { return len(a.prefixes[i].path) > len(a.prefixes[j].path) })
+	return a, nil
+}
+
+// Close closes the roots.
+func (a *Applier) Close() {
+	for _, p := range a.prefixes {
+		p.root.Close()
+	}
+}
+
+// locate returns the prefix holding p (the longest) and p relative to it.
+func (a *Applier) locate(p string) (*prefix, string, bool) {
+	for i := range a.prefixes {
+		pr := &a.prefixes[i]
+		if names.Within(p, pr.path) {
+			rel := strings.TrimPrefix(strings.TrimPrefix(p, pr.path), "/")
+			if rel == "" {
+				rel = "."
+			}
+			return pr, rel, true
+		}
+	}
+	return nil, "", false
+}
+
+// Within reports whether p lies under an allowed prefix.
+func (a *Applier) Within(p string) bool {
+	_, _, ok := a.locate(p)
+	return ok
+}
+
+// Plan is what Prepare plans from.
+type Plan struct {
+	// Compositions in the order they apply: modules' by key, the node's own
+	// last. Each path must be declared once (the engine holds conflicts).
+	Compositions []*Composition
+	// Ledger is the current ledger (not modified).
+	Ledger map[string]*state.LedgerRecord
+	// Removals lets paths no composition declares leave; it is off while
+	// stale or when a composition of the manifest could not be applied.
+	Removals bool
+}
+
+type stageItem struct {
+	module string
+	comp   *Composition
+	res    *typev1.Resource
+	digest string
+	size   int64
+}
+
+type adoptItem struct {
+	module string
+	root   *os.Root
+	rel    string
+	digest string
+}
+
+// Prepared is a planned apply.
+type Prepared struct {
+	// Failures are the modules refused, with why; when any is set, nothing
+	// else of the Prepared may be used: drop them and prepare again.
+	Failures map[string]*Failure
+	// Drift lists the managed paths whose disk differs from the ledger.
+	Drift []string
+	// Notes are remarks per module that do not fail it (a filled file not
+	// yet written, an owner that cannot be set when not root).
+	Notes map[string][]string
+
+	ops   []state.Op
+	stage []stageItem
+	adopt []adoptItem
+	mods  map[string]*Composition
+}
+
+// Ops returns the planned ops.
+func (p *Prepared) Ops() []state.Op { return p.ops }
+
+func (p *Prepared) refuse(module string, f *Failure) {
+	if _, ok := p.Failures[module]; !ok {
+		p.Failures[module] = f
+	}
+}
+
+func (p *Prepared) note(module, s string) {
+	p.Notes[module] = append(p.Notes[module], s)
+}
+
+// desired is one declared path.
+type desired struct {
+	comp *Composition
+	res  *typev1.Resource
+	rec  *state.LedgerRecord
+}
+
+func contentDigest(c *Composition, r *typev1.Resource) (string, int64, *Failure) {
+	switch x := r.GetContent().(type) {
+	case *typev1.Resource_Inline:
+		return names.Digest(x.Inline), int64(len(x.Inline)), nil
+	case *typev1.Resource_Object:
+		return x.Object.GetDigest(), x.Object.GetSize(), nil
+	case *typev1.Resource_Artifact:
+		p, ok := c.Parts[x.Artifact]
+		if !ok || !names.ValidDigest(p.GetDigest()) {
+			return "", 0, fail(codePartMissing, "%s: the want gives no digest for artifact %s", r.GetId(), x.Artifact)
+		}
+		return p.GetDigest(), p.GetSize(), nil
+	}
+	return "", 0, fail(codeWrite, "%s: a file without content", r.GetId())
+}
+
+func typeOfResource(t typev1.ResourceType) string {
+	switch t {
+	case typev1.ResourceType_RESOURCE_TYPE_FILE:
+		return state.TypeFile
+	case typev1.ResourceType_RESOURCE_TYPE_DIRECTORY:
+		return state.TypeDir
+	case typev1.ResourceType_RESOURCE_TYPE_SYMLINK:
+		return state.TypeSymlink
+	}
+	return ""
+}
+
+func modeOf(r *state.LedgerRecord) uint32 {
+	if r.Mode != 0 {
+		return r.Mode
+	}
+	if r.Type == state.TypeDir {
+		return DefaultDirMode
+	}
+	return DefaultFileMode
+}
+
+func inAny(p string, list []string) bool {
+	for _, d := range list {
+		if names.Within(p, d) {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckTarget judges a symlink's target: a relative target is resolved from
+// the link's directory; one that climbs out of the link's prefix escapes,
+// and any resolved target outside every prefix is refused.
+func (a *Applier) CheckTarget(linkPath, target string) *Failure {
+	resolved := target
+	if !strings.HasPrefix(target, "/") {
+		resolved = path.Join(path.Dir(linkPath), target)
+		if pr, _, ok := a.locate(linkPath); ok && hasDotDot(target) && !names.Within(resolved, pr.path) {
+			return fail(codePathEscape, "symlink %s: target %s escapes its prefix %s", linkPath, target, pr.path)
+		}
+	} else if hasDotDot(target) {
+		return fail(codePathEscape, "symlink %s: target %s holds ..", linkPath, target)
+	}
+	if !a.Within(path.Clean(resolved)) {
+		return fail(codeOutside, "symlink %s: target %s is outside the allowed prefixes", linkPath, target)
+	}
+	return nil
+}
+
+// CheckPath judges a declared path before anything else: ".." escapes and
+// paths outside the prefixes.
+func (a *Applier) CheckPath(p string) *Failure {
+	if hasDotDot(p) {
+		return fail(codePathEscape, "%s escapes with ..", p)
+	}
+	if !a.Within(p) {
+		return fail(codeOutside, "%s is outside the allowed prefixes", p)
+	}
+	return nil
+}
+
+// Prepare plans an apply from the disk and the ledger, writing nothing.
+func (a *Applier) Prepare(plan Plan) *Prepared {
+	p := &Prepared{Failures: map[string]*Failure{}, Notes: map[string][]string{}, mods: map[string]*Composition{}}
+	ids := newIDs()
+	want := map[string]*desired{}
+	var order []*desired
+	adoption := map[string]bool{}
+	for _, c := range plan.Compositions {
+		p.mods[c.Module] = c
+		if c.Module == names.NodeModule {
+			for _, ap := range c.Comp.GetAdoption() {
+				adoption[ap] = true
+			}
+		}
+	}
+	for _, c := range plan.Compositions {
+		filled := map[string]bool{}
+		for _, f := range c.Comp.GetFilled() {
+			if ff := a.CheckPath(f); ff != nil {
+				p.refuse(c.Module, fail(ff.Code, "filled path %s", ff.Reason))
+			}
+			filled[f] = true
+		}
+		for _, ap := range c.Comp.GetAdoption() {
+			if ff := a.CheckPath(ap); ff != nil {
+				p.refuse(c.Module, fail(ff.Code, "adopted path %s", ff.Reason))
+			}
+		}
+		for _, r := range c.Comp.GetResources() {
+			if f := a.CheckPath(r.GetPath()); f != nil {
+				p.refuse(c.Module, fail(f.Code, "%s: %s", r.GetId(), f.Reason))
+				continue
+			}
+			rec := &state.LedgerRecord{
+				Path: r.GetPath(), Type: typeOfResource(r.GetType()), Module: c.Module, ID: r.GetId(), Key: c.Key,
+				Mode: r.GetMode(), Owner: r.GetOwner(), Group: r.GetGroup(),
+				Filled: r.GetType() == typev1.ResourceType_RESOURCE_TYPE_FILE && filled[r.GetPath()],
+				Data:   inAny(r.GetPath(), c.Comp.GetDataPaths()),
+			}
+			switch rec.Type {
+			case state.TypeFile:
+				if !rec.Filled {
+					d, size, f := contentDigest(c, r)
+					if f != nil {
+						p.refuse(c.Module, f)
+						continue
+					}
+					rec.Digest, rec.Size = d, size
+				}
+			case state.TypeSymlink:
+				if f := a.CheckTarget(r.GetPath(), r.GetTarget()); f != nil {
+					p.refuse(c.Module, f)
+					continue
+				}
+				rec.Digest = r.GetTarget()
+			case "":
+				p.refuse(c.Module, fail(codeWrite, "%s: type %v", r.GetId(), r.GetType()))
+				continue
+			}
+			if prev, dup := want[r.GetPath()]; dup {
+				ids := []string{prev.res.GetId(), r.GetId()}
+				sort.Strings(ids)
+				f := fail(codeConflict, "2 resources declare %s: %s, %s", r.GetPath(), ids[0], ids[1])
+				p.refuse(c.Module, f)
+				p.refuse(prev.comp.Module, f)
+				continue
+			}
+			d := &desired{comp: c, res: r, rec: rec}
+			want[r.GetPath()] = d
+			order = append(order, d)
+		}
+	}
+	if len(p.Failures) > 0 {
+		return p
+	}
+
+	made := map[string]bool{} // absolute paths a planned op creates
+	for _, d := range order {
+		a.prepareOne(p, plan, d, want, made, adoption, ids)
+	}
+	if len(p.Failures) > 0 {
+		return p
+	}
+	if plan.Removals {
+		a.prepareRemovals(p, plan, want, made)
+	}
+	sort.Strings(p.Drift)
+	return p
+}
+
+func abs(pr *prefix, rel string) string {
+	if rel == "." {
+		return pr.path
+	}
+	if pr.path == "/" {
+		return "/" + rel
+	}
+	return pr.path + "/" + rel
+}
+
+// prepareOne plans the ops of one declared path.
+func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string]*desired, made map[string]bool, adoption map[string]bool, ids *ids) {
+	module := d.comp.Module
+	r, rec := d.res, d.rec
+	pr, rel, _ := a.locate(r.GetPath())
+
+	// The directories between the prefix and the path: none may be a
+	// symlink that leaves the prefix or is absolute; missing ones are made.
+	var missing []string
+	for _, anc := range ancestors(rel) {
+		ap := abs(pr, anc)
+		if made[ap] {
+			continue
+		}
+		if len(missing) > 0 {
+			missing = append(missing, anc)
+			continue
+		}
+		dk, err := look(pr.root, anc, false)
+		if err != nil {
+			p.refuse(module, a.lookFailure(r.GetId(), ap, err))
+			return
+		}
+		switch {
+		case !dk.exists:
+			missing = append(missing, anc)
+		case dk.special != "":
+			p.refuse(module, fail(codeSpecial, "%s: %s lies on the way and is a %s", r.GetId(), ap, dk.special))
+			return
+		case dk.typ == state.TypeSymlink:
+			if strings.HasPrefix(dk.target, "/") {
+				p.refuse(module, fail(codeThroughSymlink, "%s: %s passes through the absolute symlink %s -> %s", r.GetId(), r.GetPath(), ap, dk.target))
+				return
+			}
+			if !names.Within(path.Join(path.Dir(ap), dk.target), pr.path) {
+				p.refuse(module, fail(codePathEscape, "%s: %s passes through the symlink %s -> %s, which leaves %s", r.GetId(), r.GetPath(), ap, dk.target, pr.path))
+				return
+			}
+		case dk.typ != state.TypeDir:
+			p.refuse(module, fail(codeWrite, "%s: %s lies on the way and is not a directory", r.GetId(), ap))
+			return
+		}
+	}
+	for _, anc := range missing {
+		ap := abs(pr, anc)
+		made[ap] = true
+		var arec *state.LedgerRecord
+		if w, ok := want[ap]; ok && w.rec.Type != state.TypeDir {
+			p.refuse(module, fail(codeWrite, "%s: %s is declared as a %s by %s, yet %s lies under it", r.GetId(), ap, w.rec.Type, w.res.GetId(), r.GetPath()))
+			return
+		} else if ok {
+			arec = cloneRec(w.rec)
+			arec.Created = true
+		} else if old, ok := plan.Ledger[ap]; ok && old.Type == state.TypeDir {
+			arec = cloneRec(old)
+			arec.Retained = false
+		} else {
+			arec = &state.LedgerRecord{Path: ap, Type: state.TypeDir, Module: module, Mode: DefaultDirMode, Created: true, Implicit: true}
+		}
+		p.addOp(state.Op{Kind: state.OpMkdir, Path: ap, Module: module, Record: arec, Prev: plan.Ledger[ap]})
+	}
+	if made[r.GetPath()] {
+		return // made above as a parent of an earlier path, with this record
+	}
+
+	dk, err := look(pr.root, rel, rec.Type == state.TypeFile)
+	if err != nil {
+		p.refuse(module, a.lookFailure(r.GetId(), r.GetPath(), err))
+		return
+	}
+	if dk.special != "" {
+		p.refuse(module, fail(codeSpecial, "%s: %s is a %s", r.GetId(), r.GetPath(), dk.special))
+		return
+	}
+	old := plan.Ledger[r.GetPath()]
+	switch {
+	case old != nil:
+		rec.Created, rec.Adopted = old.Created, old.Adopted
+		if old.Filled && !rec.Filled && !old.Created && old.Adopted == nil {
+			// The provisioner's file becomes the engine's to write.
+			rec.Created = true
+		}
+	case !dk.exists:
+		rec.Created = !rec.Filled
+	case rec.Filled:
+		rec.Created = false
+	case adoption[r.GetPath()]:
+		prior := &state.Prior{Type: dk.typ, Target: dk.target, Mode: dk.mode, UID: dk.uid, GID: dk.gid}
+		if dk.typ == state.TypeFile {
+			prior.Digest = dk.digest
+			p.adopt = append(p.adopt, adoptItem{module: module, root: pr.root, rel: rel, digest: dk.digest})
+		}
+		rec.Adopted = prior
+	default:
+		p.refuse(module, fail(codeUnmanaged, "%s: %s exists and is not managed by this engine (not in its ledger, not adopted)", r.GetId(), r.GetPath()))
+		return
+	}
+
+	uid, err := ids.user(rec.Owner)
+	if err == nil {
+		var gid int
+		gid, err = ids.group(rec.Group)
+		if err == nil {
+			a.prepareContent(p, d, pr, rel, dk, old, uid, gid)
+			return
+		}
+	}
+	p.refuse(module, fail(codeWrite, "%s: %v", r.GetId(), err))
+}
+
+func (a *Applier) lookFailure(id, p string, err error) *Failure {
+	if strings.Contains(err.Error(), "escapes") {
+		return fail(codePathEscape, "%s: %s escapes its prefix: %v", id, p, err)
+	}
+	return fail(codeWrite, "%s: %s: %v", id, p, err)
+}
+
+func cloneRec(r *state.LedgerRecord) *state.LedgerRecord {
+	c := *r
+	if r.Adopted != nil {
+		pr := *r.Adopted
+		c.Adopted = &pr
+	}
+	return &c
+}
+
+// canOwn reports whether the engine can give a path uid and gid (-1: leave
+// as is). Only root can give files away; when not root, an owner other than
+// the engine's own is left as is and noted once.
+func (a *Applier) canOwn(uid, gid int) bool {
+	return a.euid == 0 || ((uid < 0 || uid == a.euid) && (gid < 0 || gid == a.egid))
+}
+
+func (a *Applier) metaDiffers(dk disk, rec *state.LedgerRecord, uid, gid int) bool {
+	if rec.Type != state.TypeSymlink && dk.mode != modeOf(rec) {
+		return true
+	}
+	if !a.canOwn(uid, gid) {
+		return false
+	}
+	return (uid >= 0 && dk.uid != uid) || (gid >= 0 && dk.gid != gid)
+}
+
+// prepareContent plans what a declared path needs: a write, a directory, a
+// symlink, mode and owner only, or a ledger change only.
+func (a *Applier) prepareContent(p *Prepared, d *desired, pr *prefix, rel string, dk disk, old *state.LedgerRecord, uid, gid int) {
+	module, r, rec := d.comp.Module, d.res, d.rec
+	if !a.canOwn(uid, gid) {
+		a.noteOwner(p, module, rec)
+	}
+	if old != nil && !old.Retained && old.Type == rec.Type && driftOf(old, dk, a, uid, gid) {
+		p.Drift = append(p.Drift, rec.Path)
+	}
+	op := state.Op{Path: rec.Path, Module: module, Record: rec, Prev: old}
+	switch rec.Type {
+	case state.TypeFile:
+		if rec.Filled {
+			switch {
+			case !dk.exists:
+				p.note(module, fmt.Sprintf("filled file %s is missing: its provisioner has not written it", rec.Path))
+				op.Kind = state.OpForget
+			case dk.typ != state.TypeFile:
+				p.refuse(module, fail(codeWrite, "%s: filled path %s is a %s, not a file", r.GetId(), rec.Path, dk.typ))
+				return
+			case a.metaDiffers(dk, rec, uid, gid):
+				op.Kind = state.OpMeta
+			default:
+				op.Kind = state.OpForget
+			}
+			break
+		}
+		if dk.exists && dk.typ == state.TypeFile && dk.digest == rec.Digest {
+			if a.metaDiffers(dk, rec, uid, gid) {
+				op.Kind = state.OpMeta
+			} else {
+				op.Kind = state.OpForget
+			}
+			break
+		}
+		_, size, _ := contentDigest(d.comp, r)
+		p.stage = append(p.stage, stageItem{module: module, comp: d.comp, res: r, digest: rec.Digest, size: size})
+		op.Kind, op.Stage = state.OpWrite, rec.Digest
+	case state.TypeDir:
+		switch {
+		case dk.exists && dk.typ == state.TypeDir && !a.metaDiffers(dk, rec, uid, gid):
+			op.Kind = state.OpForget
+		case dk.exists && dk.typ == state.TypeDir:
+			op.Kind = state.OpMeta
+		default:
+			op.Kind = state.OpMkdir
+		}
+	case state.TypeSymlink:
+		switch {
+		case dk.exists && dk.typ == state.TypeSymlink && dk.target == rec.Digest && !a.metaDiffers(dk, rec, uid, gid):
+			op.Kind = state.OpForget
+		case dk.exists && dk.typ == state.TypeSymlink && dk.target == rec.Digest:
+			op.Kind = state.OpMeta
+		default:
+			op.Kind = state.OpSymlink
+		}
+	}
+	if op.Kind == state.OpForget && old != nil && sameRecord(old, rec) {
+		return // nothing to do
+	}
+	p.addOp(op)
+}
+
+func (a *Applier) noteOwner(p *Prepared, module string, rec *state.LedgerRecord) {
+	msg := fmt.Sprintf("owner %s:%s of %s not set: the engine is not running as root", rec.Owner, rec.Group, rec.Path)
+	p.note(module, msg)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.warned[rec.Path] {
+		a.warned[rec.Path] = true
+		a.log.Warn("owner not set: the engine is not running as root", slog.String("path", rec.Path), slog.String("owner", rec.Owner), slog.String("group", rec.Group))
+	}
+}
+
+// driftOf reports whether the disk differs from what the ledger says the
+// engine put there.
+func driftOf(old *state.LedgerRecord, dk disk, a *Applier, uid, gid int) bool {
+	if old.Filled {
+		return false
+	}
+	if !dk.exists || dk.typ != old.Type {
+		return true
+	}
+	switch old.Type {
+	case state.TypeFile:
+		if dk.digest != old.Digest {
+			return true
+		}
+	case state.TypeSymlink:
+		if dk.target != old.Digest {
+			return true
+		}
+	}
+	if old.Type != state.TypeSymlink && dk.mode != modeOf(old) {
+		return true
+	}
+	if a.canOwn(uid, gid) && old.Owner != "" && uid >= 0 && dk.uid != uid {
+		return true
+	}
+	return false
+}
+
+func sameRecord(a, b *state.LedgerRecord) bool {
+	ac, bc := *a, *b
+	ac.Adopted, bc.Adopted = nil, nil
+	if ac != bc {
+		return false
+	}
+	if (a.Adopted == nil) != (b.Adopted == nil) {
+		return false
+	}
+	return a.Adopted == nil || *a.Adopted == *b.Adopted
+}
+
+func (p *Prepared) addOp(op state.Op) { p.ops = append(p.ops, op) }
+
+// prepareRemovals plans the leaving of ledger paths no composition declares,
+// deepest first: data paths are kept (retained), adopted paths get their
+// prior content back, paths the engine did not create are only forgotten,
+// and directories go only when empty.
+func (a *Applier) prepareRemovals(p *Prepared, plan Plan, want map[string]*desired, made map[string]bool) {
+	var gone []string
+	for path := range plan.Ledger {
+		if _, ok := want[path]; ok || made[path] {
+			continue
+		}
+		gone = append(gone, path)
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(gone)))
+	for _, path := range gone {
+		old := plan.Ledger[path]
+		pr, rel, ok := a.locate(path)
+		if !ok {
+			continue // its prefix is no longer allowed: never touched again
+		}
+		if old.Type == state.TypeDir && underAny(path, want, made) {
+			continue // still holds what is declared
+		}
+		op := state.Op{Path: path, Module: old.Module, Prev: old}
+		switch {
+		case old.Data:
+			if old.Retained {
+				continue
+			}
+			r := cloneRec(old)
+			r.Retained = true
+			op.Kind, op.Record = state.OpForget, r
+		case old.Adopted != nil:
+			op.Kind = state.OpRestore
+			if old.Adopted.Type == state.TypeFile {
+				op.Stage = old.Adopted.Digest
+			}
+		case !old.Created:
+			op.Kind = state.OpForget
+		default:
+			dk, err := look(pr.root, rel, false)
+			switch {
+			case err != nil || !dk.exists:
+				op.Kind = state.OpForget
+			case dk.typ != old.Type:
+				// Not what the engine put there: leave it, forget it.
+				op.Kind = state.OpForget
+				p.note(old.Module, fmt.Sprintf("%s is no longer a %s the engine made; left in place", path, old.Type))
+			default:
+				op.Kind = state.OpRemove
+			}
+		}
+		p.addOp(op)
+	}
+}
+
+func underAny(dir string, want map[string]*desired, made map[string]bool) bool {
+	for p := range want {
+		if p != dir && names.Within(p, dir) {
+			return true
+		}
+	}
+	for p := range made {
+		if p != dir && names.Within(p, dir) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,596 @@
+package apply
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"syscall"
+
+	"google.golang.org/protobuf/proto"
+
+	"mesh.dev/internal/names"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+	"mesh.dev/services/nodeengine/internal/state"
+)
+
+// Source fetches the content of a file resource held elsewhere (an object
+// of the composer or an artifact of the catalog) into w. The applier hashes
+// what it writes and cuts it at the declared size; a source should stop at
+// the size too, so an endless stream cannot fill the disk.
+type Source interface {
+	Fetch(ctx context.Context, c *Composition, r *typev1.Resource, digest string, size int64, w io.Writer) error
+}
+
+// Store is what Execute needs of the engine's state.
+type Store interface {
+	PutJournal(j *state.Journal) error
+	Commit(c *state.Commit) error
+}
+
+// ErrSizeExceeded is returned by a cut writer given more than its limit.
+var ErrSizeExceeded = errors.New("more bytes than the declared size")
+
+// CutWriter hashes what it writes and refuses to go past a limit.
+type CutWriter struct {
+	W     io.Writer
+	Limit int64
+	N     int64
+	h     hash.Hash
+}
+
+// NewCutWriter returns a writer to w that stops at limit bytes.
+func NewCutWriter(w io.Writer, limit int64) *CutWriter {
+	return &CutWriter{W: w, Limit: limit, h: sha256.New()}
+}
+
+// Write writes up to the limit and fails with ErrSizeExceeded beyond it.
+func (c *CutWriter) Write(p []byte) (int, error) {
+	if c.N+int64(len(p)) > c.Limit {
+		return 0, ErrSizeExceeded
+	}
+	n, err := c.W.Write(p)
+	c.h.Write(p[:n])
+	c.N += int64(n)
+	return n, err
+}
+
+// Digest returns the digest of what was written.
+func (c *CutWriter) Digest() string { return names.DigestOfSum(c.h.Sum(nil)) }
+
+func (a *Applier) stagePath(digest string) string {
+	return filepath.Join(a.stageDir, digest[len(names.DigestPrefix):])
+}
+
+func (a *Applier) adoptedPath(digest string) string {
+	return filepath.Join(a.adoptedDir, digest[len(names.DigestPrefix):])
+}
+
+// Stage fetches the content the prepared writes need into the state dir and
+// keeps the prior content of paths being adopted. It returns the modules
+// whose content could not be had (FETCH_FAILED, SIZE_EXCEEDED,
+// DIGEST_MISMATCH); nothing is written under the prefixes.
+func (a *Applier) Stage(ctx context.Context, p *Prepared, src Source) map[string]*Failure {
+	failed := map[string]*Failure{}
+	for _, it := range p.stage {
+		if _, ok := failed[it.module]; ok {
+			continue
+		}
+		if f := a.stageOne(ctx, it, src); f != nil {
+			failed[it.module] = f
+		}
+	}
+	for _, it := range p.adopt {
+		if err := a.keepPrior(it); err != nil {
+			if _, ok := failed[it.module]; !ok {
+				failed[it.module] = fail(codeWrite, "keep the prior content of adopted %s: %v", it.rel, err)
+			}
+		}
+	}
+	return failed
+}
+
+func (a *Applier) stageOne(ctx context.Context, it stageItem, src Source) *Failure {
+	dst := a.stagePath(it.digest)
+	if _, err := os.Stat(dst); err == nil {
+		return nil
+	}
+	tmp, err := os.CreateTemp(a.stageDir, ".fetch-*")
+	if err != nil {
+		return fail(codeWrite, "%s: stage: %v", it.res.GetId(), err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	cw := NewCutWriter(tmp, it.size)
+	if inline, ok := it.res.GetContent().(*typev1.Resource_Inline); ok {
+		_, err = cw.Write(inline.Inline)
+	} else {
+		err = src.Fetch(ctx, it.comp, it.res, it.digest, it.size, cw)
+	}
+	what := describe(it)
+	switch {
+	case errors.Is(err, ErrSizeExceeded):
+		return fail(codeSize, "%s: %s is longer than its declared size %d", it.res.GetId(), what, it.size)
+	case err != nil:
+		var f *Failure
+		if errors.As(err, &f) {
+			return f
+		}
+		return fail(codeFetch, "%s: fetch %s: %v", it.res.GetId(), what, err)
+	case cw.N != it.size:
+		return fail(codeDigest, "%s: %s is %d bytes, declared %d", it.res.GetId(), what, cw.N, it.size)
+	case cw.Digest() != it.digest:
+		return fail(codeDigest, "%s: %s has digest %s, declared %s", it.res.GetId(), what, cw.Digest(), it.digest)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fail(codeWrite, "%s: stage: %v", it.res.GetId(), err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return fail(codeWrite, "%s: stage: %v", it.res.GetId(), err)
+	}
+	return nil
+}
+
+func describe(it stageItem) string {
+	switch x := it.res.GetContent().(type) {
+	case *typev1.Resource_Object:
+		return "object " + x.Object.GetDigest() + " of " + it.comp.Key
+	case *typev1.Resource_Artifact:
+		_, name, _ := cutRef(x.Artifact)
+		return "artifact-store://" + it.comp.Module + "/" + name + "/blobs/" + it.digest
+	}
+	return "inline content"
+}
+
+func cutRef(ref string) (kind, name string, ok bool) {
+	for i := 0; i < len(ref); i++ {
+		if ref[i] == ':' {
+			return ref[:i], ref[i+1:], true
+		}
+	}
+	return "", ref, false
+}
+
+// keepPrior copies an adopted file's current content to adopted/<digest>.
+func (a *Applier) keepPrior(it adoptItem) error {
+	dst := a.adoptedPath(it.digest)
+	if _, err := os.Stat(dst); err == nil {
+		return nil
+	}
+	f, err := it.root.OpenFile(it.rel, openFlags, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	tmp, err := os.CreateTemp(a.adoptedDir, ".prior-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	h := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(tmp, h), f); err != nil {
+		return err
+	}
+	if got := names.DigestOfSum(h.Sum(nil)); got != it.digest {
+		return fmt.Errorf("changed while being adopted (%s, was %s)", got, it.digest)
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
+}
+
+// Meta says what an Execute records besides the ledger.
+type Meta struct {
+	Revision uint64
+	// Manifest is recorded as the applied manifest (nil: unchanged).
+	Manifest *typev1.Envelope
+	// Drop lists modules whose applied composition goes.
+	Drop        []string
+	Traceparent string
+}
+
+// Result is what an Execute (or Replay) did.
+type Result struct {
+	// Failed are the modules with an op that failed (WRITE_FAILED).
+	Failed map[string]*Failure
+	// Applied are the modules whose composition is now recorded applied.
+	Applied map[string]bool
+	// Ledger is the ledger after the ops.
+	Ledger map[string]*state.LedgerRecord
+	// Ops is how many ops ran.
+	Ops int
+	// CommitErr is set when the ops ran but the commit failed: the journal
+	// stays and is replayed by the next pass or start.
+	CommitErr error
+	// Journal is the journal written (nil when there were no ops).
+	Journal *state.Journal
+}
+
+// Execute journals the prepared ops, runs them and commits. An error means
+// the journal could not be written and nothing was touched.
+func (a *Applier) Execute(ctx context.Context, p *Prepared, ledger map[string]*state.LedgerRecord, store Store, meta Meta) (*Result, error) {
+	j := &state.Journal{ID: randHex(), Revision: meta.Revision, Ops: p.ops, Compositions: map[string][]byte{}, Drop: meta.Drop, Traceparent: meta.Traceparent}
+	if meta.Manifest != nil {
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(meta.Manifest)
+		if err != nil {
+			return nil, err
+		}
+		j.Manifest = b
+	}
+	for m, c := range p.mods {
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c.Env)
+		if err != nil {
+			return nil, err
+		}
+		j.Compositions[m] = b
+	}
+	// A pass without ops still commits what it records, and needs no
+	// journal: nothing on disk can be left half.
+	if len(j.Ops) > 0 {
+		if err := store.PutJournal(j); err != nil {
+			return nil, err
+		}
+	}
+	res := a.Replay(ctx, j, ledger, store)
+	if len(j.Ops) > 0 {
+		res.Journal = j
+	}
+	return res, nil
+}
+
+// Replay runs a journal's ops (each idempotent, so a journal left by a crash
+// is finished) and commits the ledger and the applied compositions of the
+// modules whose ops all succeeded.
+func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[string]*state.LedgerRecord, store Store) *Result {
+	res := &Result{Failed: map[string]*Failure{}, Applied: map[string]bool{}, Ledger: map[string]*state.LedgerRecord{}}
+	for p, r := range ledger {
+		res.Ledger[p] = r
+	}
+	for _, op := range j.Ops {
+		rec, err := a.runOp(op)
+		res.Ops++
+		if err != nil {
+			m := op.Module
+			if m == "" && op.Prev != nil {
+				m = op.Prev.Module
+			}
+			if _, ok := res.Failed[m]; !ok {
+				res.Failed[m] = fail(codeWrite, "%s: %v", op.Path, err)
+			}
+			a.log.Error("apply op failed", slog.String("op", op.Kind), slog.String("path", op.Path), slog.String("module", m), slog.Any("error", err))
+			continue
+		}
+		if rec == nil {
+			delete(res.Ledger, op.Path)
+		} else {
+			res.Ledger[op.Path] = rec
+		}
+	}
+	c := &state.Commit{Compositions: map[string]*typev1.Envelope{}, ClearJournal: true}
+	for p, r := range res.Ledger {
+		if old, ok := ledger[p]; !ok || !sameRecord(old, r) {
+			c.LedgerPut = append(c.LedgerPut, r)
+		}
+	}
+	for p := range ledger {
+		if _, ok := res.Ledger[p]; !ok {
+			c.LedgerDelete = append(c.LedgerDelete, p)
+		}
+	}
+	sort.Slice(c.LedgerPut, func(i, k int) bool { return c.LedgerPut[i].Path < c.LedgerPut[k].Path })
+	sort.Strings(c.LedgerDelete)
+	if len(j.Manifest) > 0 {
+		env := &typev1.Envelope{}
+		if err := proto.Unmarshal(j.Manifest, env); err == nil {
+			c.Manifest = env
+		}
+	}
+	for m, b := range j.Compositions {
+		if _, failed := res.Failed[m]; failed {
+			continue
+		}
+		env := &typev1.Envelope{}
+		if err := proto.Unmarshal(b, env); err != nil {
+			continue
+		}
+		c.Compositions[m] = env
+		res.Applied[m] = true
+	}
+	c.Drop = j.Drop
+	if err := store.Commit(c); err != nil {
+		res.CommitErr = err
+		return res
+	}
+	for _, op := range j.Ops {
+		if op.Kind == state.OpWrite {
+			os.Remove(a.stagePath(op.Stage))
+		}
+		if op.Kind == state.OpRestore && op.Stage != "" {
+			os.Remove(a.adoptedPath(op.Stage))
+		}
+	}
+	return res
+}
+
+// ClearStage removes staged content no journal needs (call at start when
+// no journal is kept).
+func (a *Applier) ClearStage() {
+	ents, err := os.ReadDir(a.stageDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		os.Remove(filepath.Join(a.stageDir, e.Name()))
+	}
+}
+
+func randHex() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// errLeft is an op that found something it did not make on its path.
+var errLeft = errors.New("not what the engine made")
+
+// runOp runs one op and returns the ledger record it leaves (nil: none).
+func (a *Applier) runOp(op state.Op) (*state.LedgerRecord, error) {
+	pr, rel, ok := a.locate(op.Path)
+	if !ok {
+		return op.Prev, fmt.Errorf("%s is outside the allowed prefixes", op.Path)
+	}
+	root := pr.root
+	ids := newIDs()
+	owner := func(r *state.LedgerRecord) (int, int, error) {
+		uid, err := ids.user(r.Owner)
+		if err != nil {
+			return 0, 0, err
+		}
+		gid, err := ids.group(r.Group)
+		return uid, gid, err
+	}
+	switch op.Kind {
+	case state.OpForget:
+		return op.Record, nil
+	case state.OpWrite, state.OpMkdir, state.OpSymlink, state.OpMeta:
+		uid, gid, err := owner(op.Record)
+		if err != nil {
+			return nil, err
+		}
+		r := op.Record
+		switch op.Kind {
+		case state.OpWrite:
+			err = a.writeFile(root, rel, a.stagePath(op.Stage), op.Stage, modeOf(r), uid, gid)
+		case state.OpMkdir:
+			err = a.mkdir(root, rel, modeOf(r), uid, gid)
+		case state.OpSymlink:
+			err = a.symlink(root, rel, r.Digest, uid, gid)
+		case state.OpMeta:
+			err = a.meta(root, rel, r.Type, modeOf(r), uid, gid)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return r, nil
+	case state.OpRemove:
+		dk, err := look(root, rel, false)
+		if err != nil {
+			return op.Prev, err
+		}
+		if !dk.exists {
+			return nil, nil
+		}
+		if dk.typ != op.Prev.Type {
+			a.log.Warn("path changed type since the engine made it; left in place", slog.String("path", op.Path))
+			return nil, nil
+		}
+		if err := root.Remove(rel); err != nil {
+			if dk.typ == state.TypeDir && errors.Is(err, syscall.ENOTEMPTY) {
+				// Someone put something in it: the directory stays, still
+				// the engine's, and goes when empty.
+				r := cloneRec(op.Prev)
+				r.Retained = true
+				return r, nil
+			}
+			return op.Prev, err
+		}
+		return nil, syncDir(root, path.Dir(rel))
+	case state.OpRestore:
+		prior := op.Prev.Adopted
+		var err error
+		switch prior.Type {
+		case state.TypeFile:
+			err = a.writeFile(root, rel, a.adoptedPath(prior.Digest), prior.Digest, prior.Mode, prior.UID, prior.GID)
+		case state.TypeSymlink:
+			err = a.symlink(root, rel, prior.Target, prior.UID, prior.GID)
+		case state.TypeDir:
+			err = a.meta(root, rel, state.TypeDir, prior.Mode, prior.UID, prior.GID)
+		}
+		if err != nil {
+			return op.Prev, err
+		}
+		return nil, nil
+	}
+	return op.Prev, fmt.Errorf("unknown op %q", op.Kind)
+}
+
+// fdMeta sets mode and owner on an open descriptor, never on a path, so a
+// symlink swapped in meanwhile cannot redirect it.
+func (a *Applier) fdMeta(f *os.File, mode uint32, setMode bool, uid, gid int) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var opErr error
+	err = rc.Control(func(fd uintptr) {
+		if setMode {
+			if opErr = syscall.Fchmod(int(fd), mode); opErr != nil {
+				return
+			}
+		}
+		if (uid >= 0 || gid >= 0) && a.canOwn(uid, gid) {
+			opErr = syscall.Fchown(int(fd), uid, gid)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return opErr
+}
+
+func (a *Applier) writeFile(root *os.Root, rel, src, digest string, mode uint32, uid, gid int) error {
+	dk, err := look(root, rel, true)
+	if err != nil {
+		return err
+	}
+	if dk.special != "" {
+		return fmt.Errorf("%s is a %s", rel, dk.special)
+	}
+	if dk.typ == state.TypeFile && dk.digest == digest {
+		return a.meta(root, rel, state.TypeFile, mode, uid, gid)
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("staged content %s: %w", digest, err)
+	}
+	defer in.Close()
+	dir := path.Dir(rel)
+	tmp := path.Join(dir, ".mesh-tmp-"+randHex())
+	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			root.Remove(tmp)
+		}
+	}()
+	h := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(f, h), in); err != nil {
+		return err
+	}
+	if got := names.DigestOfSum(h.Sum(nil)); got != digest {
+		return fmt.Errorf("staged content has digest %s, not %s", got, digest)
+	}
+	if err := a.fdMeta(f, mode, true, uid, gid); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if dk.typ == state.TypeDir {
+		if err := root.Remove(rel); err != nil {
+			return err
+		}
+	}
+	if err := root.Rename(tmp, rel); err != nil {
+		return err
+	}
+	ok = true
+	return syncDir(root, dir)
+}
+
+func (a *Applier) mkdir(root *os.Root, rel string, mode uint32, uid, gid int) error {
+	dk, err := look(root, rel, false)
+	if err != nil {
+		return err
+	}
+	if dk.special != "" {
+		return fmt.Errorf("%s is a %s", rel, dk.special)
+	}
+	if dk.exists && dk.typ != state.TypeDir {
+		if err := root.Remove(rel); err != nil {
+			return err
+		}
+		dk.exists = false
+	}
+	if !dk.exists {
+		if err := root.Mkdir(rel, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+		if err := syncDir(root, path.Dir(rel)); err != nil {
+			return err
+		}
+	}
+	return a.meta(root, rel, state.TypeDir, mode, uid, gid)
+}
+
+func (a *Applier) meta(root *os.Root, rel, typ string, mode uint32, uid, gid int) error {
+	if typ == state.TypeSymlink {
+		if (uid >= 0 || gid >= 0) && a.canOwn(uid, gid) {
+			return root.Lchown(rel, uid, gid)
+		}
+		return nil
+	}
+	f, err := root.OpenFile(rel, openFlags, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if t, special := typeOf(fi.Mode()); special != "" || t != typ {
+		return fmt.Errorf("%s is a %s%s, not a %s", rel, t, special, typ)
+	}
+	return a.fdMeta(f, mode, true, uid, gid)
+}
+
+func (a *Applier) symlink(root *os.Root, rel, target string, uid, gid int) error {
+	dk, err := look(root, rel, false)
+	if err != nil {
+		return err
+	}
+	if dk.special != "" {
+		return fmt.Errorf("%s is a %s", rel, dk.special)
+	}
+	if dk.typ == state.TypeSymlink && dk.target == target {
+		return a.meta(root, rel, state.TypeSymlink, 0, uid, gid)
+	}
+	dir := path.Dir(rel)
+	tmp := path.Join(dir, ".mesh-tmp-"+randHex())
+	if err := root.Symlink(target, tmp); err != nil {
+		return err
+	}
+	if err := a.meta(root, tmp, state.TypeSymlink, 0, uid, gid); err != nil {
+		root.Remove(tmp)
+		return err
+	}
+	if dk.typ == state.TypeDir {
+		if err := root.Remove(rel); err != nil {
+			root.Remove(tmp)
+			return err
+		}
+	}
+	if err := root.Rename(tmp, rel); err != nil {
+		root.Remove(tmp)
+		return err
+	}
+	return syncDir(root, dir)
+}
+
+func syncDir(root *os.Root, dir string) error {
+	f, err := root.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}

@@ -1,0 +1,529 @@
+// Package engine is the node engine's core (DESIGN.md §7): the kept state
+// read whole at start, the entries cache, and the pass that verifies what the
+// composer sent, lays the module picture, holds what cannot be applied and
+// applies the rest, and reports the haves.
+//
+// Everything that changes the engine's view (a manifest, a keyset, heard
+// nodes, an entry answered, a timer) asks for a pass; passes run one at a
+// time in Run, so one manifest is applied at a time.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"mesh.dev/internal/envelope"
+	"mesh.dev/internal/names"
+	"mesh.dev/internal/verify"
+	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	nodeenginev1 "mesh.dev/proto/mesh/nodeengine/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+	"mesh.dev/services/nodeengine/internal/apply"
+	"mesh.dev/services/nodeengine/internal/entries"
+	"mesh.dev/services/nodeengine/internal/picture"
+	"mesh.dev/services/nodeengine/internal/state"
+)
+
+// Defaults of Config.
+const (
+	DefaultFetchDeadline = 5 * time.Minute
+	DefaultDriftInterval = time.Minute
+	// MaxOffers bounds the manifests waiting for a pass; older ones go.
+	MaxOffers = 8
+)
+
+// Config is what an Engine needs.
+type Config struct {
+	// Node is the engine's node, from its certificate.
+	Node string
+	// Roots are the pinned root keys.
+	Roots *typev1.TrustRoots
+	Store state.Store
+	// Applier writes under the allowed prefixes; the engine closes it.
+	Applier  *apply.Applier
+	Composer Composer
+	Catalog  Catalog
+	// EngineVersion is sent in Hello.
+	EngineVersion string
+	Now           func() time.Time
+	Logger        *slog.Logger
+	Tracer        trace.TracerProvider
+	// EntryDeadline bounds each GetEntry; EntryBackoffBase/Max its retries.
+	EntryDeadline, EntryBackoffBase, EntryBackoffMax time.Duration
+	// FetchDeadline bounds each composition, object or artifact fetch.
+	FetchDeadline time.Duration
+	// DriftInterval is how often a pass runs with nothing asking for one,
+	// to find and correct drift and judge expiry.
+	DriftInterval time.Duration
+}
+
+// live is the newest manifest that passed verification in this run.
+type live struct {
+	env      *typev1.Envelope
+	manifest *typev1.Manifest
+	digest   string
+	keyID    string
+}
+
+// refusal is why the last manifest or keyset offered was refused.
+type refusal struct {
+	code   composerv1.ReasonCode
+	reason string
+	at     time.Time
+}
+
+// verified is a composition that passed verification, by digest.
+type verified struct {
+	env  *typev1.Envelope
+	comp *typev1.Composition
+}
+
+// Engine is one node's engine.
+type Engine struct {
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
+	cache  *entries.Cache
+	src    *source
+	poke   chan struct{}
+
+	// passMu makes passes run one at a time; mu guards what other
+	// goroutines read or hand in.
+	passMu sync.Mutex
+	mu     sync.Mutex
+	// Kept state and why a section could not be read.
+	keyring      *verify.Keyring
+	hw           state.HighWater
+	hwErr        error
+	ledger       map[string]*state.LedgerRecord
+	ledgerErr    error
+	applied      state.Applied
+	appliedComps map[string]*typev1.Composition
+	appliedErr   error
+	keysetErr    error
+	keptWants    map[string]state.KeptWant
+	keptEntries  map[string]bool
+	pending      *state.Journal // ops ran, commit failed: replayed by the next pass
+	// Writes of entries and wants that failed, retried each pass; said
+	// once per key.
+	dirtyEntries map[string]entries.Row
+	dirtyWants   map[string]bool
+	said         map[string]bool
+
+	live         *live
+	offers       []*typev1.Envelope
+	keysetOffers []*typev1.Envelope
+	heard        *composerv1.Heard
+	refused      *refusal
+	compCache    map[string]*verified
+
+	// What the last pass found.
+	wants      []*typev1.Want
+	holds      []*nodeenginev1.EngineHold
+	picture    []*nodeenginev1.PictureModule
+	attempts   map[string]*composerv1.Attempt
+	drift      []string
+	notes      map[string][]string
+	stale      string
+	staleSince time.Time
+	blocked    string
+	passes     uint64
+
+	// Reports.
+	haves       []*composerv1.Have
+	reportVer   uint64
+	changed     chan struct{}
+	traceparent string
+	tracestate  string
+
+	// Connection, set by the Sync client.
+	connected bool
+	connErr   string
+	lastSync  time.Time
+}
+
+// New reads the kept state whole (before anything is asked), applies each
+// section's failure policy, finishes an apply a crash left half done, and
+// returns an engine ready to Run.
+func New(ctx context.Context, cfg Config) (*Engine, error) {
+	switch {
+	case cfg.Node == "":
+		return nil, errors.New("engine: no node")
+	case cfg.Roots == nil:
+		return nil, errors.New("engine: no trust roots")
+	case cfg.Store == nil:
+		return nil, errors.New("engine: no state store")
+	case cfg.Applier == nil:
+		return nil, errors.New("engine: no applier")
+	}
+	if err := names.CheckNode(cfg.Node); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if err := verify.CheckRoots(cfg.Roots); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Tracer == nil {
+		cfg.Tracer = noop.NewTracerProvider()
+	}
+	if cfg.FetchDeadline <= 0 {
+		cfg.FetchDeadline = DefaultFetchDeadline
+	}
+	if cfg.DriftInterval <= 0 {
+		cfg.DriftInterval = DefaultDriftInterval
+	}
+	e := &Engine{
+		cfg: cfg, log: cfg.Logger.With(slog.String("node", cfg.Node)),
+		tracer: cfg.Tracer.Tracer("mesh.dev/services/nodeengine"),
+		src:    &source{composer: cfg.Composer, catalog: cfg.Catalog, deadline: cfg.FetchDeadline},
+		poke:   make(chan struct{}, 1), changed: make(chan struct{}),
+		dirtyEntries: map[string]entries.Row{}, dirtyWants: map[string]bool{}, said: map[string]bool{},
+		compCache: map[string]*verified{}, attempts: map[string]*composerv1.Attempt{}, notes: map[string][]string{},
+		keptEntries: map[string]bool{}, appliedComps: map[string]*typev1.Composition{},
+	}
+	kept, err := cfg.Store.Load()
+	if err != nil {
+		return nil, err
+	}
+	e.loadKept(kept)
+	var catalog entries.Catalog = unreachableCatalog{}
+	if cfg.Catalog != nil {
+		catalog = cfg.Catalog
+	}
+	e.cache = entries.New(entries.Config{
+		Catalog: catalog, Deadline: cfg.EntryDeadline, BackoffBase: cfg.EntryBackoffBase, BackoffMax: cfg.EntryBackoffMax,
+		Now: cfg.Now, Keep: e.keepEntry, Poke: e.Poke, Logger: e.log,
+	})
+	now := cfg.Now()
+	for fp, k := range kept.Entries {
+		m, err := entries.Check(fp, k.Entry)
+		if err == nil {
+			for _, w := range kept.Wants {
+				if w.Want.GetFingerprint() == fp && w.Want.GetModule() != k.Entry.GetModule() {
+					err = fmt.Errorf("entry %s is of module %q, the kept want of %q", fp, k.Entry.GetModule(), w.Want.GetModule())
+				}
+			}
+		}
+		if err != nil {
+			// A kept entry that no longer checks out is asked afresh.
+			e.log.Warn("kept entry dropped", slog.String("fingerprint", fp), slog.Any("error", err))
+			if derr := cfg.Store.DeleteEntries([]string{fp}); derr != nil {
+				e.log.Warn("delete kept entry failed", slog.String("fingerprint", fp), slog.Any("error", derr))
+			}
+			continue
+		}
+		// After a restart an entry's since is its load time.
+		e.cache.Preload(k.Entry, m, now)
+		e.keptEntries[fp] = true
+	}
+	if kept.Journal != nil && e.blocked == "" {
+		e.log.Warn("finishing an apply a stop left half done", slog.Uint64("revision", kept.Journal.Revision), slog.Int("ops", len(kept.Journal.Ops)))
+		e.replay(ctx, kept.Journal)
+	} else if kept.Journal == nil {
+		cfg.Applier.ClearStage()
+	}
+
+	return e, nil
+}
+
+// unreachableCatalog answers every ask with an error, for an engine started
+// without a catalog connection.
+type unreachableCatalog struct{}
+
+func (unreachableCatalog) GetEntry(context.Context, *catalogv1.GetEntryRequest, ...grpc.CallOption) (*catalogv1.GetEntryResponse, error) {
+	return nil, status.Error(codes.Unavailable, "the engine has no catalog connection")
+}
+
+func (e *Engine) loadKept(k *state.Kept) {
+	if k.EntriesErr != nil {
+		e.log.Warn("kept entries unreadable: every entry is asked afresh", slog.Any("error", k.EntriesErr))
+	}
+	if k.WantsErr != nil {
+		e.log.Warn("kept wants unreadable: wants come with the next manifest", slog.Any("error", k.WantsErr))
+	}
+	e.keptWants = k.Wants
+	e.hw, e.hwErr = k.HighWater, k.HighWaterErr
+	e.ledger, e.ledgerErr = k.Ledger, k.LedgerErr
+	e.applied, e.appliedErr = k.Applied, k.AppliedErr
+	e.keysetErr = k.KeysetErr
+	if k.JournalErr != nil && e.ledgerErr == nil {
+		// A journal that cannot be read may hide a half-done apply: the
+		// ledger cannot be trusted until someone looks.
+		e.ledgerErr = fmt.Errorf("apply journal: %w", k.JournalErr)
+	}
+	for _, s := range []struct {
+		name string
+		err  error
+	}{{"high-water marks", e.hwErr}, {"ledger", e.ledgerErr}, {"applied state", e.appliedErr}, {"keyset", e.keysetErr}} {
+		if s.err != nil && e.blocked == "" {
+			e.blocked = fmt.Sprintf("kept %s unreadable, nothing is applied until it is repaired: %v", s.name, s.err)
+			e.log.Error("kept state unreadable: applying nothing", slog.String("section", s.name), slog.Any("error", s.err))
+		}
+	}
+	for m, env := range e.applied.Compositions {
+		c := &typev1.Composition{}
+		if err := envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, c); err != nil {
+			e.blocked = fmt.Sprintf("applied composition of %s unreadable: %v", m, err)
+			continue
+		}
+		e.appliedComps[m] = c
+	}
+	if k.Keyset != nil {
+		ring, err := verify.Keyset(e.cfg.Roots, k.Keyset)
+		if err != nil {
+			// The roots changed under a kept keyset: wait for one they sign.
+			e.log.Warn("kept keyset does not verify against the pinned roots", slog.Any("error", err))
+		} else {
+			e.keyring = ring
+		}
+	}
+}
+
+// Close stops the entries cache and closes the applier.
+func (e *Engine) Close() {
+	e.cache.Close()
+	e.cfg.Applier.Close()
+}
+
+// Node returns the engine's node.
+func (e *Engine) Node() string { return e.cfg.Node }
+
+// Poke asks for a pass.
+func (e *Engine) Poke() {
+	select {
+	case e.poke <- struct{}{}:
+	default:
+	}
+}
+
+// Run runs passes until ctx is done: one at once, then whenever asked and
+// at least every DriftInterval.
+func (e *Engine) Run(ctx context.Context) error {
+	t := time.NewTicker(e.cfg.DriftInterval)
+	defer t.Stop()
+	e.Poke()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-e.poke:
+		case <-t.C:
+		}
+		e.Pass(ctx)
+	}
+}
+
+// OfferKeyset hands the engine a keyset received on the Sync stream.
+func (e *Engine) OfferKeyset(env *typev1.Envelope) {
+	e.mu.Lock()
+	e.keysetOffers = append(e.keysetOffers, env)
+	e.mu.Unlock()
+	e.Poke()
+}
+
+// OfferManifest hands the engine a manifest received on the Sync stream.
+func (e *Engine) OfferManifest(env *typev1.Envelope) {
+	e.mu.Lock()
+	e.offers = append(e.offers, env)
+	if len(e.offers) > MaxOffers {
+		e.offers = e.offers[len(e.offers)-MaxOffers:]
+	}
+	e.mu.Unlock()
+	e.Poke()
+}
+
+// SetHeard replaces what the engine heard of the nodes running needed
+// modules.
+func (e *Engine) SetHeard(h *composerv1.Heard) {
+	e.mu.Lock()
+	e.heard = h
+	e.mu.Unlock()
+	e.Poke()
+}
+
+// SetConnection records whether the Sync stream is up, and why not.
+func (e *Engine) SetConnection(connected bool, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.connected = connected
+	e.connErr = ""
+	if err != nil {
+		e.connErr = err.Error()
+	}
+}
+
+// Synced records that a message came from the composer.
+func (e *Engine) Synced() {
+	e.mu.Lock()
+	e.lastSync = e.cfg.Now()
+	e.mu.Unlock()
+}
+
+// keepEntry keeps an answer of the cache; a failure is said once and the
+// write retried by each pass.
+func (e *Engine) keepEntry(r entries.Row) {
+	err := e.cfg.Store.PutEntry(r.Fingerprint, state.KeptEntry{Entry: r.Entry, Since: r.Since})
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.noteWrite("entry "+r.Fingerprint, err)
+	if err != nil {
+		e.dirtyEntries[r.Fingerprint] = r
+		return
+	}
+	delete(e.dirtyEntries, r.Fingerprint)
+	e.keptEntries[r.Fingerprint] = true
+}
+
+// noteWrite says a failed write of a key once, and its recovery.
+func (e *Engine) noteWrite(key string, err error) {
+	switch {
+	case err != nil && !e.said[key]:
+		e.said[key] = true
+		e.log.Warn("keeping state failed; retried each pass", slog.String("key", key), slog.Any("error", err))
+	case err == nil && e.said[key]:
+		delete(e.said, key)
+		e.log.Info("kept state written after failures", slog.String("key", key))
+	}
+}
+
+// EntryAgain drops the kept entry of fp and asks the catalog again; false
+// when fp is neither kept nor in the cache.
+func (e *Engine) EntryAgain(fp string) bool {
+	e.mu.Lock()
+	_, inCache := e.cache.Get(fp)
+	kept := e.keptEntries[fp]
+	_, dirty := e.dirtyEntries[fp]
+	if !inCache && !kept && !dirty {
+		e.mu.Unlock()
+		return false
+	}
+	delete(e.dirtyEntries, fp)
+	if kept {
+		if err := e.cfg.Store.DeleteEntries([]string{fp}); err != nil {
+			e.log.Warn("drop kept entry failed", slog.String("fingerprint", fp), slog.Any("error", err))
+		}
+		delete(e.keptEntries, fp)
+	}
+	e.mu.Unlock()
+	e.cache.Again(fp)
+	e.Poke()
+	return true
+}
+
+// Changed returns a channel closed at the next change of the report.
+func (e *Engine) Changed() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.changed
+}
+
+// Report returns the current report with a new report_seq, persisted before
+// it is returned so it never goes backwards across restarts, and the version
+// of the haves it carries.
+func (e *Engine) Report() (*composerv1.Report, uint64, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	seq, err := e.nextSeqLocked()
+	if err != nil {
+		return nil, 0, err
+	}
+	return &composerv1.Report{
+		ReportSeq: seq, Applied: e.appliedRefLocked(), HighWater: e.hw.Revision,
+		Haves: cloneHaves(e.haves), Traceparent: e.traceparent, Tracestate: e.tracestate,
+	}, e.reportVer, nil
+}
+
+// Hello returns the opening message of a Sync stream, with a new
+// report_seq, and the version of the haves it carries.
+func (e *Engine) Hello() (*composerv1.Hello, uint64, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	seq, err := e.nextSeqLocked()
+	if err != nil {
+		return nil, 0, err
+	}
+	var ksv uint64
+	if e.keyring != nil {
+		ksv = e.keyring.Version()
+	}
+	return &composerv1.Hello{
+		Node: e.cfg.Node, EngineVersion: e.cfg.EngineVersion, Applied: e.appliedRefLocked(),
+		HighWater: e.hw.Revision, KeysetVersion: ksv, Haves: cloneHaves(e.haves), ReportSeq: seq,
+	}, e.reportVer, nil
+}
+
+func (e *Engine) nextSeqLocked() (uint64, error) {
+	if e.hwErr != nil {
+		return 0, fmt.Errorf("report_seq cannot be judged: %w", e.hwErr)
+	}
+	hw := e.hw
+	hw.ReportSeq++
+	if err := e.cfg.Store.PutHighWater(hw); err != nil {
+		return 0, err
+	}
+	e.hw = hw
+	return hw.ReportSeq, nil
+}
+
+func (e *Engine) appliedRefLocked() *composerv1.ManifestRef {
+	if e.applied.Manifest == nil {
+		return nil
+	}
+	m := &typev1.Manifest{}
+	if err := envelope.Open(e.applied.Manifest, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m); err != nil {
+		return nil
+	}
+	return &composerv1.ManifestRef{Revision: m.GetRevision(), Digest: envelope.Digest(e.applied.Manifest)}
+}
+
+func cloneHaves(hs []*composerv1.Have) []*composerv1.Have {
+	out := make([]*composerv1.Have, len(hs))
+	for i, h := range hs {
+		out[i] = proto.Clone(h).(*composerv1.Have)
+	}
+	return out
+}
+
+// lookupEntry reads the cache for the picture and the holds.
+func (e *Engine) lookupEntry(fp string) (picture.Entry, bool) {
+	r, ok := e.cache.Get(fp)
+	if !ok {
+		return picture.Entry{}, false
+	}
+	return picture.Entry{State: r.State, Entry: r.Entry, Manifest: r.Manifest, Error: r.Error}, true
+}
+
+// sortedWants returns the kept wants in module order.
+func sortedWants(kept map[string]state.KeptWant) []*typev1.Want {
+	out := make([]*typev1.Want, 0, len(kept))
+	for _, k := range kept {
+		out = append(out, k.Want)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GetModule() < out[j].GetModule() })
+	return out
+}
+
+// ReportVersion returns the version of the haves, bumped at each change.
+func (e *Engine) ReportVersion() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.reportVer
+}

@@ -1,0 +1,885 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"mesh.dev/internal/envelope"
+	"mesh.dev/internal/lint"
+	"mesh.dev/internal/names"
+	"mesh.dev/internal/telemetry"
+	"mesh.dev/internal/verify"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	nodeenginev1 "mesh.dev/proto/mesh/nodeengine/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+	"mesh.dev/services/nodeengine/internal/apply"
+	"mesh.dev/services/nodeengine/internal/picture"
+	"mesh.dev/services/nodeengine/internal/state"
+)
+
+// Attempt states.
+const (
+	stateApplied = composerv1.AttemptState_ATTEMPT_STATE_APPLIED
+	stateFailed  = composerv1.AttemptState_ATTEMPT_STATE_FAILED
+	stateHeld    = composerv1.AttemptState_ATTEMPT_STATE_HELD
+	stateStale   = composerv1.AttemptState_ATTEMPT_STATE_STALE
+)
+
+// ReasonOf maps a verification error to its reason code.
+func ReasonOf(err error) composerv1.ReasonCode {
+	switch {
+	case errors.Is(err, verify.ErrRevoked), errors.Is(err, verify.ErrExpired), errors.Is(err, verify.ErrKeysetExpired):
+		return composerv1.ReasonCode_REASON_CODE_EXPIRED
+	case errors.Is(err, verify.ErrKeyset), errors.Is(err, verify.ErrRoots):
+		return composerv1.ReasonCode_REASON_CODE_KEYSET_INVALID
+	case errors.Is(err, verify.ErrNode):
+		return composerv1.ReasonCode_REASON_CODE_NODE_MISMATCH
+	case errors.Is(err, verify.ErrFastForward):
+		return composerv1.ReasonCode_REASON_CODE_FAST_FORWARD
+	case errors.Is(err, verify.ErrDigest):
+		return composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH
+	case errors.Is(err, verify.ErrWant):
+		return composerv1.ReasonCode_REASON_CODE_WANT_MISMATCH
+	case errors.Is(err, verify.ErrBelowFloor):
+		return composerv1.ReasonCode_REASON_CODE_REVISION_BELOW_FLOOR
+	}
+	// ErrSignature, ErrUnknownKey, ErrKeyNotValid, ErrPayload.
+	return composerv1.ReasonCode_REASON_CODE_SIGNATURE_INVALID
+}
+
+// staleErr reports whether an error makes the engine stale: nothing new is
+// applied, what is applied is kept and enforced.
+func staleErr(err error) bool {
+	return errors.Is(err, verify.ErrExpired) || errors.Is(err, verify.ErrRevoked) || errors.Is(err, verify.ErrKeysetExpired)
+}
+
+// Pass runs one pass (DESIGN.md §7 "Each pass").
+func (e *Engine) Pass(ctx context.Context) {
+	e.passMu.Lock()
+	defer e.passMu.Unlock()
+	now := e.cfg.Now()
+
+	e.retryPending(ctx)
+	e.retryWrites()
+	e.takeKeysets()
+	e.takeOffers(now)
+
+	e.mu.Lock()
+	heard, lv, ring := e.heard, e.live, e.keyring
+	wants := sortedWants(e.keptWants)
+	if lv != nil {
+		// Live wants replace the kept ones.
+		wants = lv.manifest.GetWants()
+	}
+	e.mu.Unlock()
+
+	needed := picture.Needed(wants, heard)
+	e.need(needed)
+	pic := picture.Lay(e.cfg.Node, wants, heard, e.lookupEntry)
+	holds := picture.Holds(e.cfg.Node, wants, pic, e.lookupEntry)
+
+	stale, staleSince := e.judgeStale(lv, ring, now)
+
+	ctx, span := e.startSpan(ctx, lv)
+	defer span.End()
+	attempts, drift, notes := e.applyPass(ctx, lv, ring, wants, holds, stale, now)
+
+	e.mu.Lock()
+	e.wants, e.holds, e.picture, e.drift, e.notes = wants, holds, pic, drift, notes
+	e.stale, e.staleSince = stale, staleSince
+	e.passes++
+	e.publishLocked(wants, attempts, now)
+	e.mu.Unlock()
+	if len(drift) > 0 {
+		span.SetAttributes(attribute.StringSlice("mesh.drift", drift))
+	}
+}
+
+func (e *Engine) startSpan(ctx context.Context, lv *live) (context.Context, trace.Span) {
+	var attrs []attribute.KeyValue
+	if lv != nil {
+		// The manifest carries the trace of the change that caused it: the
+		// apply joins it, from a registration to every node.
+		ctx = telemetry.ContextWithTraceparent(ctx, lv.manifest.GetTraceparent(), lv.manifest.GetTracestate())
+		attrs = append(attrs, attribute.Int64("mesh.manifest.revision", int64(lv.manifest.GetRevision())))
+	}
+	ctx, span := e.tracer.Start(ctx, "nodeengine.pass", trace.WithAttributes(append(attrs, attribute.String("mesh.node", e.cfg.Node))...))
+	e.mu.Lock()
+	if lv != nil {
+		e.traceparent, e.tracestate = telemetry.Traceparent(ctx)
+	}
+	e.mu.Unlock()
+	return ctx, span
+}
+
+// retryPending finishes an apply whose ops ran but whose commit failed.
+func (e *Engine) retryPending(ctx context.Context) {
+	e.mu.Lock()
+	j := e.pending
+	e.mu.Unlock()
+	if j != nil {
+		e.replay(ctx, j)
+	}
+}
+
+// replay finishes a journal and takes its result as the kept state.
+func (e *Engine) replay(ctx context.Context, j *state.Journal) {
+	res := e.cfg.Applier.Replay(ctx, j, e.ledger, e.cfg.Store)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if res.CommitErr != nil {
+		e.pending = j
+		e.log.Error("committing the apply failed: the ledger is not written, nothing else is applied until it is", slog.Any("error", res.CommitErr))
+		return
+	}
+	e.pending = nil
+	e.takeResultLocked(j, res)
+}
+
+// takeResultLocked makes a committed apply the engine's kept state.
+func (e *Engine) takeResultLocked(j *state.Journal, res *apply.Result) {
+	e.ledger = res.Ledger
+	if len(j.Manifest) > 0 {
+		env := &typev1.Envelope{}
+		if proto.Unmarshal(j.Manifest, env) == nil {
+			e.applied.Manifest = env
+		}
+	}
+	for m := range res.Applied {
+		env := &typev1.Envelope{}
+		if proto.Unmarshal(j.Compositions[m], env) != nil {
+			continue
+		}
+		c := &typev1.Composition{}
+		if envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, c) != nil {
+			continue
+		}
+		if e.applied.Compositions == nil {
+			e.applied.Compositions = map[string]*typev1.Envelope{}
+		}
+		e.applied.Compositions[m] = env
+		e.appliedComps[m] = c
+	}
+	for _, m := range j.Drop {
+		delete(e.applied.Compositions, m)
+		delete(e.appliedComps, m)
+	}
+}
+
+// retryWrites writes again the entries and wants whose writes failed.
+func (e *Engine) retryWrites() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for fp, r := range e.dirtyEntries {
+		err := e.cfg.Store.PutEntry(fp, state.KeptEntry{Entry: r.Entry, Since: r.Since})
+		e.noteWrite("entry "+fp, err)
+		if err == nil {
+			delete(e.dirtyEntries, fp)
+			e.keptEntries[fp] = true
+		}
+	}
+	var gone []string
+	for m := range e.dirtyWants {
+		if k, ok := e.keptWants[m]; ok {
+			err := e.cfg.Store.PutWant(m, k)
+			e.noteWrite("want "+m, err)
+			if err == nil {
+				delete(e.dirtyWants, m)
+			}
+		} else {
+			gone = append(gone, m)
+		}
+	}
+	if len(gone) > 0 {
+		err := e.cfg.Store.DeleteWants(gone)
+		e.noteWrite("wants deleted", err)
+		if err == nil {
+			for _, m := range gone {
+				delete(e.dirtyWants, m)
+			}
+		}
+	}
+}
+
+// takeKeysets accepts a keyset signed by the pinned roots whose version is
+// higher than the one held, persisted before it is used.
+func (e *Engine) takeKeysets() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	offers := e.keysetOffers
+	e.keysetOffers = nil
+	for _, env := range offers {
+		ring, err := verify.Keyset(e.cfg.Roots, env)
+		if err != nil {
+			e.refuseLocked(composerv1.ReasonCode_REASON_CODE_KEYSET_INVALID, "keyset refused: "+err.Error())
+			continue
+		}
+		if e.keyring != nil && ring.Version() <= e.keyring.Version() {
+			continue // only a higher version is taken
+		}
+		if err := e.cfg.Store.PutKeyset(env); err != nil {
+			// Not used before it is kept; the composer sends it again.
+			e.log.Error("keyset not persisted, not used", slog.Uint64("version", ring.Version()), slog.Any("error", err))
+			continue
+		}
+		e.log.Info("keyset accepted", slog.Uint64("version", ring.Version()))
+		e.keyring = ring
+		if e.keysetErr != nil {
+			e.keysetErr = nil
+			e.unblockLocked()
+		}
+	}
+}
+
+// unblockLocked clears the blocked reason once no section blocks.
+func (e *Engine) unblockLocked() {
+	if e.hwErr == nil && e.ledgerErr == nil && e.appliedErr == nil && e.keysetErr == nil {
+		e.blocked = ""
+	}
+}
+
+func (e *Engine) refuseLocked(code composerv1.ReasonCode, reason string) {
+	e.refused = &refusal{code: code, reason: reason, at: e.cfg.Now()}
+	e.log.Warn("refused", slog.String("code", code.String()), slog.String("reason", reason))
+}
+
+// takeOffers judges the manifests received since the last pass, in order.
+func (e *Engine) takeOffers(now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	offers := e.offers
+	e.offers = nil
+	if len(offers) == 0 {
+		return
+	}
+	if e.keyring == nil {
+		// Nothing can be verified without a keyset: keep them until one
+		// comes (the composer sends the keyset first).
+		e.offers = offers
+		e.refuseLocked(composerv1.ReasonCode_REASON_CODE_KEYSET_INVALID, "no keyset verified against the pinned roots yet: the manifest waits")
+		return
+	}
+	for i, env := range offers {
+		if retry := e.judgeLocked(env, now); retry {
+			e.offers = append(offers[i:], e.offers...)
+			return
+		}
+	}
+}
+
+// judgeLocked verifies one manifest and takes it when it passes; it
+// reports whether the manifest should be judged again next pass (its
+// high-water mark could not be persisted).
+func (e *Engine) judgeLocked(env *typev1.Envelope, now time.Time) bool {
+	node := e.cfg.Node
+	keyID, err := e.keyring.Verify(env, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, now)
+	if err != nil {
+		e.refuseLocked(ReasonOf(err), "manifest refused: "+err.Error())
+		return false
+	}
+	m := &typev1.Manifest{}
+	if err := envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m); err != nil {
+		e.refuseLocked(composerv1.ReasonCode_REASON_CODE_SIGNATURE_INVALID, "manifest refused: "+err.Error())
+		return false
+	}
+	if m.GetNode() != node {
+		e.refuseLocked(composerv1.ReasonCode_REASON_CODE_NODE_MISMATCH, fmt.Sprintf("manifest refused: revision %d is of node %q, not %q", m.GetRevision(), m.GetNode(), node))
+		return false
+	}
+	if e.hwErr != nil {
+		e.refuseLocked(composerv1.ReasonCode_REASON_CODE_STATE_UNREADABLE, "manifest refused: the high-water marks cannot be read: "+e.hwErr.Error())
+		return false
+	}
+	digest := envelope.Digest(env)
+	hw := e.hw
+	if m.GetRevision() < hw.Revision || (m.GetRevision() == hw.Revision && digest != hw.Digest) {
+		e.refuseLocked(composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT,
+			fmt.Sprintf("manifest revision %d (%s) refused: the high-water mark is revision %d (%s)", m.GetRevision(), digest, hw.Revision, hw.Digest))
+		return false
+	}
+	if _, _, err := e.keyring.Manifest(env, node, now); err != nil {
+		e.refuseLocked(ReasonOf(err), "manifest refused: "+err.Error())
+		return false
+	}
+	if m.GetRevision() > hw.Revision {
+		next := hw
+		next.Revision, next.Digest = m.GetRevision(), digest
+		// The mark is durable before anything of the manifest is applied.
+		if err := e.cfg.Store.PutHighWater(next); err != nil {
+			e.refuseLocked(composerv1.ReasonCode_REASON_CODE_WRITE_FAILED, "manifest not applied: its high-water mark could not be kept: "+err.Error())
+			return true
+		}
+		e.hw = next
+	}
+	e.live = &live{env: env, manifest: m, digest: digest, keyID: keyID}
+	e.refused = nil
+	e.keepWantsLocked(m.GetWants(), now)
+	return false
+}
+
+// keepWantsLocked makes the wants of a verified manifest the kept wants:
+// since kept across changes at one fingerprint, a want rewritten only when
+// it changed, puts before deletes.
+func (e *Engine) keepWantsLocked(wants []*typev1.Want, now time.Time) {
+	next := map[string]state.KeptWant{}
+	for _, w := range wants {
+		if w.GetModule() == names.NodeModule {
+			continue
+		}
+		old, had := e.keptWants[w.GetModule()]
+		since := now
+		if had && old.Want.GetFingerprint() == w.GetFingerprint() && !old.Since.IsZero() {
+			since = old.Since
+		}
+		k := state.KeptWant{Want: w, Since: since}
+		next[w.GetModule()] = k
+		if had && proto.Equal(old.Want, w) && old.Since.Equal(since) && !e.dirtyWants[w.GetModule()] {
+			continue
+		}
+		err := e.cfg.Store.PutWant(w.GetModule(), k)
+		e.noteWrite("want "+w.GetModule(), err)
+		if err != nil {
+			e.dirtyWants[w.GetModule()] = true
+		} else {
+			delete(e.dirtyWants, w.GetModule())
+		}
+	}
+	var gone []string
+	for m := range e.keptWants {
+		if _, ok := next[m]; !ok {
+			gone = append(gone, m)
+		}
+	}
+	e.keptWants = next
+	if len(gone) > 0 {
+		sort.Strings(gone)
+		err := e.cfg.Store.DeleteWants(gone)
+		e.noteWrite("wants deleted", err)
+		for _, m := range gone {
+			if err != nil {
+				e.dirtyWants[m] = true
+			} else {
+				delete(e.dirtyWants, m)
+			}
+		}
+	}
+}
+
+// need asks for every needed fingerprint, releases the rest and deletes the
+// kept entries nothing needs any more.
+func (e *Engine) need(needed []string) {
+	set := map[string]bool{}
+	for _, fp := range needed {
+		set[fp] = true
+		e.cache.Need(fp)
+	}
+	for _, r := range e.cache.Rows() {
+		if !set[r.Fingerprint] {
+			e.cache.Release(r.Fingerprint)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var gone []string
+	for fp := range e.keptEntries {
+		if !set[fp] {
+			gone = append(gone, fp)
+		}
+	}
+	for fp := range e.dirtyEntries {
+		if !set[fp] {
+			delete(e.dirtyEntries, fp)
+		}
+	}
+	if len(gone) > 0 {
+		sort.Strings(gone)
+		if err := e.cfg.Store.DeleteEntries(gone); err != nil {
+			e.noteWrite("entries deleted", err)
+			return
+		}
+		e.noteWrite("entries deleted", nil)
+		for _, fp := range gone {
+			delete(e.keptEntries, fp)
+		}
+	}
+}
+
+// judgeStale judges, at pass start, the manifest the engine holds (the
+// live one, or the applied one after a restart): expired, signed by a
+// revoked key, or under an expired keyset, it is stale.
+func (e *Engine) judgeStale(lv *live, ring *verify.Keyring, now time.Time) (string, time.Time) {
+	e.mu.Lock()
+	cur := e.applied.Manifest
+	prevSince := e.staleSince
+	e.mu.Unlock()
+	if lv != nil {
+		cur = lv.env
+	}
+	if cur == nil {
+		return "", time.Time{}
+	}
+	var err error
+	since := now
+	if ring == nil {
+		err = errors.New("no keyset verifies against the pinned roots")
+	} else if ring.Expired(now) {
+		since = ring.Keyset().GetExpiresAt().AsTime()
+		err = fmt.Errorf("%w: version %d expired at %s", verify.ErrKeysetExpired, ring.Version(), since.UTC().Format(time.RFC3339))
+	} else if _, _, err = ring.Manifest(cur, e.cfg.Node, now); err != nil && errors.Is(err, verify.ErrExpired) {
+		m := &typev1.Manifest{}
+		if envelope.Open(cur, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m) == nil {
+			since = m.GetExpiresAt().AsTime()
+		}
+	}
+	if err == nil {
+		return "", time.Time{}
+	}
+	if !prevSince.IsZero() && !errors.Is(err, verify.ErrExpired) && !errors.Is(err, verify.ErrKeysetExpired) {
+		since = prevSince
+	}
+	return fmt.Sprintf("STALE since %s: %v", since.UTC().Format(time.RFC3339), err), since
+}
+
+// composition returns a want's verified composition: from the cache, the
+// applied state, or fetched from the composer and verified (digest,
+// signature, node, module, fingerprint, then lint).
+func (e *Engine) composition(ctx context.Context, w *typev1.Want, ring *verify.Keyring, now time.Time) (*verified, *apply.Failure) {
+	e.mu.Lock()
+	if v, ok := e.compCache[w.GetCompositionDigest()]; ok {
+		e.mu.Unlock()
+		return v, nil
+	}
+	env := e.applied.Compositions[w.GetModule()]
+	c := e.appliedComps[w.GetModule()]
+	e.mu.Unlock()
+	if env != nil && envelope.Digest(env) == w.GetCompositionDigest() {
+		return &verified{env: env, comp: c}, nil
+	}
+	if e.cfg.Composer == nil {
+		return nil, &apply.Failure{Code: composerv1.ReasonCode_REASON_CODE_FETCH_FAILED, Reason: "no composer connection"}
+	}
+	fctx, cancel := context.WithTimeout(ctx, e.cfg.FetchDeadline)
+	resp, err := e.cfg.Composer.GetComposition(fctx, &composerv1.GetCompositionRequest{Key: w.GetCompositionKey()})
+	cancel()
+	if err != nil {
+		return nil, &apply.Failure{Code: composerv1.ReasonCode_REASON_CODE_FETCH_FAILED, Reason: fmt.Sprintf("fetch composition %s: %v", w.GetCompositionKey(), err)}
+	}
+	env = resp.GetComposition()
+	c, err = ring.Composition(env, e.cfg.Node, w, now)
+	if err != nil {
+		return nil, &apply.Failure{Code: ReasonOf(err), Reason: err.Error()}
+	}
+	for _, r := range c.GetResources() {
+		if f := e.cfg.Applier.CheckPath(r.GetPath()); f != nil {
+			return nil, &apply.Failure{Code: f.Code, Reason: fmt.Sprintf("composition %s: %s: %s", w.GetCompositionKey(), r.GetId(), f.Reason)}
+		}
+	}
+	if err := lint.CheckComposition(c); err != nil {
+		return nil, &apply.Failure{Code: composerv1.ReasonCode_REASON_CODE_WANT_MISMATCH, Reason: fmt.Sprintf("composition %s does not lint: %v", w.GetCompositionKey(), err)}
+	}
+	v := &verified{env: env, comp: c}
+	e.mu.Lock()
+	e.compCache[w.GetCompositionDigest()] = v
+	e.mu.Unlock()
+	return v, nil
+}
+
+// outcome is what a pass found of one module.
+type outcome struct {
+	state  composerv1.AttemptState
+	code   composerv1.ReasonCode
+	reason string
+	want   *typev1.Want
+}
+
+// applyPass decides the compositions in effect and applies them.
+func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, wants []*typev1.Want, holds []*nodeenginev1.EngineHold, stale string, now time.Time) (map[string]*outcome, []string, map[string][]string) {
+	out := map[string]*outcome{}
+	wantOf := map[string]*typev1.Want{}
+	for _, w := range wants {
+		wantOf[w.GetModule()] = w
+	}
+	e.mu.Lock()
+	blocked, pending := e.blocked, e.pending
+	appliedComps := map[string]*apply.Composition{}
+	for m, env := range e.applied.Compositions {
+		c := e.appliedComps[m]
+		key, _ := names.CompositionKey(e.cfg.Node, m, c.GetFingerprint())
+		appliedComps[m] = &apply.Composition{Module: m, Key: key, Comp: c, Env: env, Parts: e.partsApplied(c)}
+	}
+	e.mu.Unlock()
+	code := composerv1.ReasonCode_REASON_CODE_STATE_UNREADABLE
+	if blocked == "" && pending != nil {
+		// A failed ledger write blocks the apply until it is written.
+		blocked = "apply done, ledger not committed; retried each pass"
+		code = composerv1.ReasonCode_REASON_CODE_WRITE_FAILED
+	}
+	if blocked != "" {
+		for _, w := range wants {
+			out[w.GetModule()] = &outcome{state: stateFailed, code: code, reason: blocked, want: w}
+		}
+		return out, nil, nil
+	}
+
+	fresh := lv != nil && stale == "" && ring != nil
+	inEffect := map[string]*apply.Composition{}
+	removals := fresh
+	held := map[string]*nodeenginev1.EngineHold{}
+	for _, h := range holds {
+		held[h.GetModule()] = h
+	}
+	if fresh {
+		fetched := map[string]*apply.Composition{}
+		for _, w := range lv.manifest.GetWants() {
+			m := w.GetModule()
+			v, f := e.composition(ctx, w, ring, now)
+			if f != nil {
+				out[m] = &outcome{state: stateFailed, code: f.Code, reason: f.Reason, want: w}
+				removals = false
+				if old, ok := appliedComps[m]; ok {
+					inEffect[m] = old
+				}
+				continue
+			}
+			fetched[m] = &apply.Composition{Module: m, Key: w.GetCompositionKey(), Comp: v.comp, Env: v.env, Parts: partsOf(w.GetParts())}
+		}
+		conflicts := PathConflicts(fetched)
+		for m, c := range fetched {
+			w := wantOf[m]
+			if words, ok := conflicts[m]; ok {
+				out[m] = &outcome{state: stateHeld, code: composerv1.ReasonCode_REASON_CODE_PATH_CONFLICT, reason: words, want: w}
+				removals = false
+			} else if h, ok := held[m]; ok {
+				out[m] = &outcome{state: stateHeld, code: h.GetCode(), reason: h.GetWords(), want: w}
+			} else {
+				inEffect[m] = c
+				continue
+			}
+			// A held module keeps what it last applied.
+			if old, ok := appliedComps[m]; ok {
+				inEffect[m] = old
+			}
+		}
+		e.pruneCompCache(lv.manifest.GetWants())
+	} else {
+		for m, c := range appliedComps {
+			inEffect[m] = c
+		}
+		for _, w := range wants {
+			if h, ok := held[w.GetModule()]; ok {
+				out[w.GetModule()] = &outcome{state: stateHeld, code: h.GetCode(), reason: h.GetWords(), want: w}
+			}
+		}
+	}
+
+	var prep *apply.Prepared
+	for range len(inEffect) + 2 {
+		if !removals {
+			for m, c := range appliedComps {
+				if _, ok := inEffect[m]; !ok && wantOf[m] == nil {
+					// A module that left keeps its paths while the
+					// manifest is not applied whole (a move half done
+					// must not remove and recreate).
+					inEffect[m] = c
+				}
+			}
+		}
+		plan := apply.Plan{Compositions: ordered(inEffect), Ledger: e.ledger, Removals: removals}
+		prep = e.cfg.Applier.Prepare(plan)
+		failures := prep.Failures
+		if len(failures) == 0 {
+			failures = e.cfg.Applier.Stage(ctx, prep, e.src)
+		}
+		if len(failures) == 0 {
+			break
+		}
+		removals = false
+		for m, f := range failures {
+			st := stateFailed
+			if f.Code == composerv1.ReasonCode_REASON_CODE_PATH_CONFLICT {
+				st = stateHeld
+			}
+			out[m] = &outcome{state: st, code: f.Code, reason: f.Reason, want: wantOf[m]}
+			if old, ok := appliedComps[m]; ok && inEffect[m] != old {
+				inEffect[m] = old
+			} else {
+				delete(inEffect, m)
+			}
+		}
+		prep = nil
+	}
+	if prep == nil {
+		return out, nil, nil
+	}
+
+	// The manifest is recorded applied only when every composition of it
+	// is in effect or held by its entry: refused, failed or conflicting
+	// compositions leave the applied manifest as it was.
+	whole := fresh && removals
+	if len(prep.Ops()) == 0 && e.recorded(lv, whole, inEffect) {
+		return out, prep.Drift, prep.Notes
+	}
+	meta := apply.Meta{}
+	if fresh {
+		meta.Revision = lv.manifest.GetRevision()
+		meta.Traceparent, _ = telemetry.Traceparent(ctx)
+	}
+	if whole {
+		meta.Manifest = lv.env
+		for m := range appliedComps {
+			if _, ok := inEffect[m]; !ok {
+				meta.Drop = append(meta.Drop, m)
+			}
+		}
+		sort.Strings(meta.Drop)
+	}
+	res, err := e.cfg.Applier.Execute(ctx, prep, e.ledger, e.cfg.Store, meta)
+	if err != nil {
+		reason := "apply journal not written, nothing applied: " + err.Error()
+		for m := range inEffect {
+			if _, ok := out[m]; !ok {
+				out[m] = &outcome{state: stateFailed, code: composerv1.ReasonCode_REASON_CODE_WRITE_FAILED, reason: reason, want: wantOf[m]}
+			}
+		}
+		trace.SpanFromContext(ctx).SetStatus(otelcodes.Error, reason)
+		return out, nil, nil
+	}
+	e.mu.Lock()
+	if res.CommitErr != nil {
+		e.pending = res.Journal
+		e.log.Error("committing the apply failed: retried each pass", slog.Any("error", res.CommitErr))
+		for m := range inEffect {
+			if _, ok := out[m]; !ok {
+				out[m] = &outcome{state: stateFailed, code: composerv1.ReasonCode_REASON_CODE_WRITE_FAILED, reason: "apply done, ledger not committed: " + res.CommitErr.Error(), want: wantOf[m]}
+			}
+		}
+		e.mu.Unlock()
+		return out, prep.Drift, prep.Notes
+	}
+	e.takeResultLocked(&state.Journal{Manifest: journalManifest(meta.Manifest), Compositions: envBytes(inEffect), Drop: meta.Drop}, res)
+	e.mu.Unlock()
+	for m, f := range res.Failed {
+		out[m] = &outcome{state: stateFailed, code: f.Code, reason: f.Reason, want: wantOf[m]}
+	}
+	if len(prep.Drift) > 0 {
+		e.log.Warn("drift found and corrected", slog.Any("paths", prep.Drift))
+	}
+	if res.Ops > 0 {
+		e.log.Info("applied", slog.Uint64("revision", meta.Revision), slog.Int("ops", res.Ops), slog.Int("failed_modules", len(res.Failed)))
+	}
+	return out, prep.Drift, prep.Notes
+}
+
+// recorded reports whether the state already records what a pass without
+// ops would commit, so an idle pass writes nothing.
+func (e *Engine) recorded(lv *live, fresh bool, inEffect map[string]*apply.Composition) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if fresh && (e.applied.Manifest == nil || envelope.Digest(e.applied.Manifest) != lv.digest) {
+		return false
+	}
+	if len(inEffect) != len(e.applied.Compositions) {
+		return false
+	}
+	for m, c := range inEffect {
+		env, ok := e.applied.Compositions[m]
+		if !ok || envelope.Digest(env) != envelope.Digest(c.Env) {
+			return false
+		}
+	}
+	return true
+}
+
+func journalManifest(env *typev1.Envelope) []byte {
+	if env == nil {
+		return nil
+	}
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(env)
+	return b
+}
+
+func envBytes(in map[string]*apply.Composition) map[string][]byte {
+	out := map[string][]byte{}
+	for m, c := range in {
+		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(c.Env)
+		out[m] = b
+	}
+	return out
+}
+
+// partsApplied returns the artifact parts an applied composition was
+// written with, from the ledger: a held module keeps what it applied, never
+// the digests of a newer want.
+func (e *Engine) partsApplied(c *typev1.Composition) map[string]*typev1.Artifact {
+	out := map[string]*typev1.Artifact{}
+	for _, r := range c.GetResources() {
+		ref := r.GetArtifact()
+		if ref == "" {
+			continue
+		}
+		if rec, ok := e.ledger[r.GetPath()]; ok && rec.Type == state.TypeFile && names.ValidDigest(rec.Digest) {
+			out[ref] = &typev1.Artifact{Ref: ref, Digest: rec.Digest, Size: rec.Size}
+		}
+	}
+	return out
+}
+
+func partsOf(parts []*typev1.Artifact) map[string]*typev1.Artifact {
+	out := map[string]*typev1.Artifact{}
+	for _, p := range parts {
+		out[p.GetRef()] = p
+	}
+	return out
+}
+
+// PathConflicts finds paths two compositions of one manifest declare and
+// returns, for each module involved, the words "2 resources declare <path>:
+// <id1>, <id2>" (ids sorted).
+func PathConflicts(comps map[string]*apply.Composition) map[string]string {
+	type decl struct{ module, id string }
+	seen := map[string]decl{}
+	out := map[string]string{}
+	for _, c := range ordered(comps) {
+		for _, r := range c.Comp.GetResources() {
+			prev, dup := seen[r.GetPath()]
+			if !dup {
+				seen[r.GetPath()] = decl{c.Module, r.GetId()}
+				continue
+			}
+			ids := []string{prev.id, r.GetId()}
+			sort.Strings(ids)
+			words := fmt.Sprintf("2 resources declare %s: %s, %s", r.GetPath(), ids[0], ids[1])
+			for _, m := range []string{prev.module, c.Module} {
+				if _, ok := out[m]; !ok {
+					out[m] = words
+				}
+			}
+		}
+	}
+	return out
+}
+
+// ordered returns compositions in apply order: modules' by key, the node's
+// own last.
+func ordered(in map[string]*apply.Composition) []*apply.Composition {
+	out := make([]*apply.Composition, 0, len(in))
+	for _, c := range in {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		oi, oj := out[i].Module == names.NodeModule, out[j].Module == names.NodeModule
+		if oi != oj {
+			return oj
+		}
+		return out[i].Key < out[j].Key
+	})
+	return out
+}
+
+func (e *Engine) pruneCompCache(wants []*typev1.Want) {
+	keep := map[string]bool{}
+	for _, w := range wants {
+		keep[w.GetCompositionDigest()] = true
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for d := range e.compCache {
+		if !keep[d] {
+			delete(e.compCache, d)
+		}
+	}
+}
+
+// publishLocked turns the pass's outcomes into haves and, when they
+// changed, wakes the Sync client to report them.
+func (e *Engine) publishLocked(wants []*typev1.Want, outcomes map[string]*outcome, now time.Time) {
+	modules := map[string]bool{}
+	for _, w := range wants {
+		modules[w.GetModule()] = true
+	}
+	for m := range e.appliedComps {
+		modules[m] = true
+	}
+	for m := range outcomes {
+		modules[m] = true
+	}
+	if e.refused != nil {
+		modules[names.NodeModule] = true
+	}
+	wantOf := map[string]*typev1.Want{}
+	for _, w := range wants {
+		wantOf[w.GetModule()] = w
+	}
+	var haves []*composerv1.Have
+	attempts := map[string]*composerv1.Attempt{}
+	for m := range modules {
+		h := &composerv1.Have{Module: m}
+		if c, ok := e.appliedComps[m]; ok {
+			key, _ := names.CompositionKey(e.cfg.Node, m, c.GetFingerprint())
+			h.Applied = &composerv1.AppliedRef{Fingerprint: c.GetFingerprint(), Key: key, Digest: envelope.Digest(e.applied.Compositions[m])}
+		}
+		w := wantOf[m]
+		var a *composerv1.Attempt
+		o := outcomes[m]
+		switch {
+		case e.refused != nil && m == names.NodeModule:
+			a = &composerv1.Attempt{State: stateFailed, ReasonCode: e.refused.code, Reason: e.refused.reason}
+			if e.refused.code == composerv1.ReasonCode_REASON_CODE_EXPIRED {
+				a.State = stateStale
+			}
+		case e.stale != "" && w != nil:
+			a = &composerv1.Attempt{State: stateStale, ReasonCode: composerv1.ReasonCode_REASON_CODE_EXPIRED, Reason: e.stale}
+		case o != nil:
+			a = &composerv1.Attempt{State: o.state, ReasonCode: o.code, Reason: o.reason}
+		case w != nil && h.GetApplied().GetDigest() == w.GetCompositionDigest():
+			a = &composerv1.Attempt{State: stateApplied, Reason: strings.Join(e.notes[m], "; ")}
+		}
+		if a != nil {
+			if w != nil {
+				a.Fingerprint, a.Key, a.Digest = w.GetFingerprint(), w.GetCompositionKey(), w.GetCompositionDigest()
+			}
+			a.Since = timestamppb.New(now)
+			if prev, ok := e.attempts[m]; ok && prev.GetState() == a.GetState() && prev.GetReasonCode() == a.GetReasonCode() && prev.GetDigest() == a.GetDigest() {
+				a.Since = prev.GetSince()
+			}
+			attempts[m] = a
+			h.Attempt = a
+		}
+		if h.Applied == nil && h.Attempt == nil {
+			continue
+		}
+		haves = append(haves, h)
+	}
+	sort.Slice(haves, func(i, j int) bool { return haves[i].GetModule() < haves[j].GetModule() })
+	e.attempts = attempts
+	if haveSetEqual(haves, e.haves) {
+		return
+	}
+	e.haves = haves
+	e.reportVer++
+	close(e.changed)
+	e.changed = make(chan struct{})
+}
+
+func haveSetEqual(a, b []*composerv1.Have) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !proto.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,129 @@
+package entries
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"mesh.dev/internal/canonical"
+	"mesh.dev/internal/names"
+	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+)
+
+type catalog struct {
+	mu    sync.Mutex
+	err   error
+	entry *catalogv1.Entry
+	calls int
+}
+
+func (c *catalog) GetEntry(context.Context, *catalogv1.GetEntryRequest, ...grpc.CallOption) (*catalogv1.GetEntryResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls++
+	if c.err != nil {
+		return nil, c.err
+	}
+	return &catalogv1.GetEntryResponse{Entry: c.entry}, nil
+}
+
+func (c *catalog) set(err error, e *catalogv1.Entry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.err, c.entry = err, e
+}
+
+func (c *catalog) n() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls
+}
+
+func entryOf(t *testing.T, module string) *catalogv1.Entry {
+	b, err := canonical.Marshal(&typev1.ModuleManifest{Module: module, Version: "1.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &catalogv1.Entry{Module: module, Repository: "r", Path: module, SourceDigest: names.Digest([]byte(module)), Manifest: b, ManifestDigest: names.Digest(b)}
+	e.Fingerprint = names.ComputeFingerprint(e.Module, e.Repository, e.Path, e.SourceDigest, e.ManifestDigest)
+	return e
+}
+
+func wait(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestNotFoundOnlyOnCodeAndWords answers NOT_FOUND only for the code and
+// the exact words for the fingerprint asked; anything else stays ASKED and
+// is asked again.
+func TestNotFoundOnlyOnCodeAndWords(t *testing.T) {
+	t.Parallel()
+	good := entryOf(t, "web")
+	fp := good.GetFingerprint()
+	other := names.FingerprintFromHex("00000000000000000000000000000000000000000000000000000000000000ff")
+	tests := []struct {
+		name  string
+		err   error
+		entry *catalogv1.Entry
+		want  string
+	}{
+		{"code and words", status.Error(codes.NotFound, "no entry of fingerprint "+fp), nil, "NOT_FOUND"},
+		{"words of another fingerprint", status.Error(codes.NotFound, "no entry of fingerprint "+other), nil, "ASKED"},
+		{"other words", status.Error(codes.NotFound, "not found"), nil, "ASKED"},
+		{"words with another code", status.Error(codes.Unavailable, "no entry of fingerprint "+fp), nil, "ASKED"},
+		{"answered", nil, good, "ANSWERED"},
+		{"an entry whose fields compute another fingerprint", nil, func() *catalogv1.Entry { e := entryOf(t, "web"); e.Repository = "x"; return e }(), "ASKED"},
+		{"an entry whose manifest digest lies", nil, func() *catalogv1.Entry { e := entryOf(t, "web"); e.ManifestDigest = names.Digest(nil); return e }(), "ASKED"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := &catalog{err: tt.err, entry: tt.entry}
+			kept := make(chan Row, 1)
+			cache := New(Config{Catalog: c, BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond, Keep: func(r Row) { kept <- r }})
+			defer cache.Close()
+			if got := cache.Need(fp); got != Asked {
+				t.Fatalf("first Need = %v", got)
+			}
+			switch tt.want {
+			case "ASKED":
+				wait(t, "asked again", func() bool { return c.n() >= 3 })
+				if r, _ := cache.Get(fp); r.State != Asked || r.Error == "" {
+					t.Fatalf("row %+v", r)
+				}
+			case "NOT_FOUND":
+				wait(t, "not found", func() bool { r, _ := cache.Get(fp); return r.State == NotFound })
+				n := c.n()
+				cache.Need(fp)
+				if c.n() != n {
+					t.Error("NOT_FOUND asked again without Again")
+				}
+				c.set(nil, good)
+				cache.Again(fp)
+				wait(t, "answered after Again", func() bool { r, _ := cache.Get(fp); return r.State == Answered })
+			case "ANSWERED":
+				wait(t, "answered", func() bool { r, _ := cache.Get(fp); return r.State == Answered })
+				if r := <-kept; r.Fingerprint != fp {
+					t.Errorf("kept %v", r.Fingerprint)
+				}
+			}
+			cache.Release(fp)
+			if _, ok := cache.Get(fp); ok {
+				t.Error("released row still there")
+			}
+		})
+	}
+}

@@ -1,0 +1,661 @@
+// Package state keeps the node engine's state in a bbolt file in its state
+// dir (DESIGN.md §7): kept entries and wants, the applied manifest and
+// compositions, the path ledger, the high-water marks, the keyset and the
+// intent journal of an apply in progress.
+//
+// Each section is its own bucket and is read whole at start by Load, which
+// reports a section it cannot read instead of failing: the engine's failure
+// policy differs per section (entries and wants are asked afresh; high-water,
+// ledger, applied state and keyset stop applying). The engine uses the store
+// through the Store interface so tests can inject a failure per section.
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+
+	"mesh.dev/internal/names"
+	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+)
+
+// Section names one bucket of the state file.
+type Section string
+
+// The sections of the state file.
+const (
+	SectionEntries   Section = "entries"
+	SectionWants     Section = "wants"
+	SectionApplied   Section = "applied"
+	SectionLedger    Section = "ledger"
+	SectionHighWater Section = "highwater"
+	SectionKeyset    Section = "keyset"
+	SectionJournal   Section = "journal"
+)
+
+// Sections lists every section in a fixed order.
+func Sections() []Section {
+	return []Section{SectionEntries, SectionWants, SectionApplied, SectionLedger, SectionHighWater, SectionKeyset, SectionJournal}
+}
+
+// Key prefixes and fixed keys inside the sections.
+const (
+	entryPrefix       = "entry."
+	wantPrefix        = "want."
+	compositionPrefix = "composition."
+	pathPrefix        = "path."
+	keyManifest       = "manifest"
+	keyMarks          = "marks"
+	keyCurrent        = "current"
+	keyIntent         = "intent"
+)
+
+// version is the v field of every record; a record of another version is
+// unreadable, never guessed at.
+const version = 1
+
+// KeptEntry is an answered catalog entry kept under entry.<fp hex>.
+type KeptEntry struct {
+	Entry *catalogv1.Entry
+	// Since is when the catalog answered.
+	Since time.Time
+}
+
+// KeptWant is a want kept under want.<module>.
+type KeptWant struct {
+	Want *typev1.Want
+	// Since is when this node first kept a want of the module at this
+	// fingerprint.
+	Since time.Time
+}
+
+// Applied is what the engine last applied: the manifest and one composition
+// per module (the node's own under "node").
+type Applied struct {
+	// Manifest is the signed manifest applied; nil before the first apply.
+	Manifest *typev1.Envelope
+	// Compositions are the signed compositions applied, by module.
+	Compositions map[string]*typev1.Envelope
+}
+
+// HighWater holds the marks that must never go backwards.
+type HighWater struct {
+	// Revision is the highest manifest revision accepted and Digest its
+	// digest (an equal revision with another digest is refused).
+	Revision uint64 `json:"revision"`
+	Digest   string `json:"digest,omitempty"`
+	// ReportSeq is the last report_seq sent on the Sync stream.
+	ReportSeq uint64 `json:"report_seq"`
+}
+
+// Record types of the ledger.
+const (
+	TypeFile    = "file"
+	TypeDir     = "dir"
+	TypeSymlink = "symlink"
+)
+
+// Prior is what was on an adopted path before the engine took it over; it is
+// put back when the resource is removed.
+type Prior struct {
+	Type string `json:"type"`
+	// Digest of the prior file content, kept in the state dir's adopted/.
+	Digest string `json:"digest,omitempty"`
+	Target string `json:"target,omitempty"`
+	Mode   uint32 `json:"mode"`
+	UID    int    `json:"uid"`
+	GID    int    `json:"gid"`
+}
+
+// LedgerRecord is one path the engine manages (DESIGN.md §7): what it put
+// there, for which resource of which composition.
+type LedgerRecord struct {
+	Path string `json:"path"`
+	Type string `json:"type"`
+	// Module is the owning composition's module ("node" for the node's own).
+	Module string `json:"module"`
+	// ID is the resource id; empty for an implicit parent directory.
+	ID string `json:"id,omitempty"`
+	// Key is the composition key that declares the path.
+	Key string `json:"key,omitempty"`
+	// Digest is the file content's digest, or a symlink's target.
+	Digest string `json:"digest,omitempty"`
+	// Size is a file's content size (so content can be fetched again).
+	Size  int64  `json:"size,omitempty"`
+	Mode  uint32 `json:"mode"`
+	Owner string `json:"owner,omitempty"`
+	Group string `json:"group,omitempty"`
+	// Created is set when the engine created the path; a path it did not
+	// create (adopted, filled) is never removed by it.
+	Created bool `json:"created"`
+	// Adopted holds the prior content of an adopted path.
+	Adopted *Prior `json:"adopted,omitempty"`
+	// Filled marks a file whose content an external provisioner writes.
+	Filled bool `json:"filled,omitempty"`
+	// Data marks a path under a data path: never removed.
+	Data bool `json:"data,omitempty"`
+	// Implicit marks a parent directory the engine created so a resource
+	// could be written; it goes when empty and nothing declared lies under it.
+	Implicit bool `json:"implicit,omitempty"`
+	// Retained marks a path no composition declares any more that stays on
+	// disk (a data path, or a directory not empty); it is still the
+	// engine's, so a later declaration takes it over.
+	Retained bool `json:"retained,omitempty"`
+}
+
+// Op kinds of the intent journal.
+const (
+	OpWrite   = "write"   // write a file from staged content
+	OpMkdir   = "mkdir"   // create a directory
+	OpSymlink = "symlink" // create or replace a symlink
+	OpMeta    = "meta"    // set mode and owner only
+	OpRemove  = "remove"  // remove a path the engine created
+	OpRestore = "restore" // put an adopted path's prior content back
+	OpForget  = "forget"  // change the ledger only (relabel, retain, drop)
+)
+
+// Op is one step of an apply, written to the journal before disk is
+// touched so a crash can be finished on restart. Every op is idempotent.
+type Op struct {
+	Kind string `json:"kind"`
+	Path string `json:"path"`
+	// Module is the module whose attempt the op belongs to ("" for
+	// removals of paths no composition declares).
+	Module string `json:"module,omitempty"`
+	// Record is the ledger record once the op is done; nil deletes it.
+	Record *LedgerRecord `json:"record,omitempty"`
+	// Prev is the ledger record before the op (nil when none).
+	Prev *LedgerRecord `json:"prev,omitempty"`
+	// Stage is the digest of the staged content a write or restore copies.
+	Stage string `json:"stage,omitempty"`
+}
+
+// Journal is the intent of one apply: its ops and what to commit when they
+// are done.
+type Journal struct {
+	V  int    `json:"v"`
+	ID string `json:"id"`
+	// Revision is the manifest revision being applied.
+	Revision uint64 `json:"revision"`
+	Ops      []Op   `json:"ops"`
+	// Manifest is the manifest envelope (proto bytes) to record as applied.
+	Manifest []byte `json:"manifest,omitempty"`
+	// Compositions are the envelopes (proto bytes) to record as applied, by
+	// module, once every op of that module is done.
+	Compositions map[string][]byte `json:"compositions,omitempty"`
+	// Drop lists modules whose applied composition goes.
+	Drop []string `json:"drop,omitempty"`
+	// Traceparent continues the apply's trace after a restart.
+	Traceparent string `json:"traceparent,omitempty"`
+}
+
+// Commit is the end of an apply, written in one transaction: ledger changes,
+// the applied manifest and compositions, and the journal cleared.
+type Commit struct {
+	LedgerPut    []*LedgerRecord
+	LedgerDelete []string
+	// Manifest, when set, becomes the applied manifest.
+	Manifest *typev1.Envelope
+	// Compositions become the applied composition of their module.
+	Compositions map[string]*typev1.Envelope
+	// Drop removes modules' applied compositions.
+	Drop []string
+	// ClearJournal removes the intent once its ops are all accounted for.
+	ClearJournal bool
+}
+
+// Kept is the whole state as Load read it. A section that could not be read
+// has its error set and its content empty.
+type Kept struct {
+	Entries    map[string]KeptEntry
+	EntriesErr error
+	Wants      map[string]KeptWant
+	WantsErr   error
+	Applied    Applied
+	AppliedErr error
+	Ledger     map[string]*LedgerRecord
+	LedgerErr  error
+	HighWater  HighWater
+	// HighWaterErr set means revisions cannot be judged: apply nothing.
+	HighWaterErr error
+	Keyset       *typev1.Envelope
+	KeysetErr    error
+	Journal      *Journal
+	JournalErr   error
+}
+
+// Store is what the engine needs of its state; DB implements it on bbolt
+// and tests wrap it to inject failures. Every write is durable (fsynced)
+// when it returns nil.
+type Store interface {
+	// Load reads every section.
+	Load() (*Kept, error)
+	PutEntry(fp string, e KeptEntry) error
+	DeleteEntries(fps []string) error
+	PutWant(module string, w KeptWant) error
+	DeleteWants(modules []string) error
+	PutHighWater(hw HighWater) error
+	PutKeyset(env *typev1.Envelope) error
+	PutJournal(j *Journal) error
+	Commit(c *Commit) error
+	Close() error
+}
+
+// ErrUnreadable wraps the error of a section that cannot be read.
+var ErrUnreadable = errors.New("state section unreadable")
+
+// DB is the bbolt state file.
+type DB struct {
+	db *bolt.DB
+}
+
+var _ Store = (*DB)(nil)
+
+// Open opens or creates the state file and its sections.
+func Open(path string) (*DB, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open engine state %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, s := range Sections() {
+			if _, err := tx.CreateBucketIfNotExists([]byte(s)); err != nil {
+				return fmt.Errorf("section %s: %w", s, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init engine state: %w", err)
+	}
+	return &DB{db: db}, nil
+}
+
+// Close closes the file.
+func (d *DB) Close() error { return d.db.Close() }
+
+// Bolt returns the underlying database, for tests that damage a section.
+func (d *DB) Bolt() *bolt.DB { return d.db }
+
+type entryRecord struct {
+	V     int       `json:"v"`
+	Since time.Time `json:"since"`
+	Entry []byte    `json:"entry"`
+}
+
+type wantRecord struct {
+	V     int       `json:"v"`
+	Since time.Time `json:"since"`
+	Want  []byte    `json:"want"`
+}
+
+type marksRecord struct {
+	V int `json:"v"`
+	HighWater
+}
+
+func unreadable(s Section, key string, err error) error {
+	return fmt.Errorf("%w: %s key %q: %v", ErrUnreadable, s, key, err)
+}
+
+// Load reads every section; a section that does not decode gets its error
+// and is left empty, and the other sections are still read.
+func (d *DB) Load() (*Kept, error) {
+	k := &Kept{
+		Entries: map[string]KeptEntry{}, Wants: map[string]KeptWant{},
+		Applied: Applied{Compositions: map[string]*typev1.Envelope{}},
+		Ledger:  map[string]*LedgerRecord{},
+	}
+	err := d.db.View(func(tx *bolt.Tx) error {
+		k.EntriesErr = eachKey(tx, SectionEntries, func(key string, v []byte) error {
+			fp := names.FingerprintFromHex(strings.TrimPrefix(key, entryPrefix))
+			if !strings.HasPrefix(key, entryPrefix) || fp == "" {
+				return errors.New("not entry.<fp hex>")
+			}
+			var r entryRecord
+			if err := strictJSON(v, &r); err != nil {
+				return err
+			}
+			e := &catalogv1.Entry{}
+			if err := proto.Unmarshal(r.Entry, e); err != nil {
+				return err
+			}
+			k.Entries[fp] = KeptEntry{Entry: e, Since: r.Since}
+			return nil
+		})
+		if k.EntriesErr != nil {
+			k.Entries = map[string]KeptEntry{}
+		}
+		k.WantsErr = eachKey(tx, SectionWants, func(key string, v []byte) error {
+			module, ok := strings.CutPrefix(key, wantPrefix)
+			if !ok || names.CheckModule(module) != nil {
+				return errors.New("not want.<module>")
+			}
+			var r wantRecord
+			if err := strictJSON(v, &r); err != nil {
+				return err
+			}
+			w := &typev1.Want{}
+			if err := proto.Unmarshal(r.Want, w); err != nil {
+				return err
+			}
+			if w.GetModule() != module {
+				return fmt.Errorf("holds a want of module %q", w.GetModule())
+			}
+			k.Wants[module] = KeptWant{Want: w, Since: r.Since}
+			return nil
+		})
+		if k.WantsErr != nil {
+			k.Wants = map[string]KeptWant{}
+		}
+		k.AppliedErr = eachKey(tx, SectionApplied, func(key string, v []byte) error {
+			env := &typev1.Envelope{}
+			if err := proto.Unmarshal(v, env); err != nil {
+				return err
+			}
+			if key == keyManifest {
+				k.Applied.Manifest = env
+				return nil
+			}
+			module, ok := strings.CutPrefix(key, compositionPrefix)
+			if !ok {
+				return errors.New("unknown key")
+			}
+			k.Applied.Compositions[module] = env
+			return nil
+		})
+		if k.AppliedErr != nil {
+			k.Applied = Applied{Compositions: map[string]*typev1.Envelope{}}
+		}
+		k.LedgerErr = eachKey(tx, SectionLedger, func(key string, v []byte) error {
+			p, ok := strings.CutPrefix(key, pathPrefix)
+			if !ok {
+				return errors.New("not path.<path>")
+			}
+			r := &LedgerRecord{}
+			if err := strictJSON(v, r); err != nil {
+				return err
+			}
+			if r.Path != p || names.CheckPath("path", p) != nil {
+				return fmt.Errorf("record of path %q", r.Path)
+			}
+			k.Ledger[p] = r
+			return nil
+		})
+		if k.LedgerErr != nil {
+			k.Ledger = map[string]*LedgerRecord{}
+		}
+		k.HighWaterErr = eachKey(tx, SectionHighWater, func(key string, v []byte) error {
+			if key != keyMarks {
+				return errors.New("unknown key")
+			}
+			var r marksRecord
+			if err := strictJSON(v, &r); err != nil {
+				return err
+			}
+			if r.V != version {
+				return fmt.Errorf("version %d", r.V)
+			}
+			k.HighWater = r.HighWater
+			return nil
+		})
+		k.KeysetErr = eachKey(tx, SectionKeyset, func(key string, v []byte) error {
+			if key != keyCurrent {
+				return errors.New("unknown key")
+			}
+			env := &typev1.Envelope{}
+			if err := proto.Unmarshal(v, env); err != nil {
+				return err
+			}
+			k.Keyset = env
+			return nil
+		})
+		if k.KeysetErr != nil {
+			k.Keyset = nil
+		}
+		k.JournalErr = eachKey(tx, SectionJournal, func(key string, v []byte) error {
+			if key != keyIntent {
+				return errors.New("unknown key")
+			}
+			j := &Journal{}
+			if err := strictJSON(v, j); err != nil {
+				return err
+			}
+			if j.V != version {
+				return fmt.Errorf("version %d", j.V)
+			}
+			k.Journal = j
+			return nil
+		})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read engine state: %w", err)
+	}
+	return k, nil
+}
+
+// eachKey calls fn for every key of a section and returns the first failure
+// wrapped in ErrUnreadable, naming the section and key.
+func eachKey(tx *bolt.Tx, s Section, fn func(key string, v []byte) error) error {
+	b := tx.Bucket([]byte(s))
+	if b == nil {
+		return fmt.Errorf("%w: section %s is missing", ErrUnreadable, s)
+	}
+	return b.ForEach(func(k, v []byte) error {
+		if v == nil {
+			return unreadable(s, string(k), errors.New("a nested bucket"))
+		}
+		if err := fn(string(k), v); err != nil {
+			return unreadable(s, string(k), err)
+		}
+		return nil
+	})
+}
+
+func strictJSON(b []byte, v any) error {
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	switch r := v.(type) {
+	case *entryRecord:
+		if r.V != version {
+			return fmt.Errorf("version %d", r.V)
+		}
+	case *wantRecord:
+		if r.V != version {
+			return fmt.Errorf("version %d", r.V)
+		}
+	}
+	return nil
+}
+
+func (d *DB) put(s Section, key string, v []byte) error {
+	return d.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte(s)).Put([]byte(key), v)
+	})
+}
+
+func (d *DB) deleteKeys(s Section, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	return d.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte(s))
+		for _, k := range keys {
+			if err := b.Delete([]byte(k)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// EntryKey returns the key of a kept entry: entry.<fp hex>.
+func EntryKey(fp string) string { return entryPrefix + names.FingerprintHex(fp) }
+
+// WantKey returns the key of a kept want: want.<module>.
+func WantKey(module string) string { return wantPrefix + module }
+
+// PutEntry keeps an answered entry.
+func (d *DB) PutEntry(fp string, e KeptEntry) error {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(e.Entry)
+	if err != nil {
+		return fmt.Errorf("keep entry %s: %w", fp, err)
+	}
+	v, err := json.Marshal(entryRecord{V: version, Since: e.Since.UTC(), Entry: b})
+	if err != nil {
+		return err
+	}
+	if err := d.put(SectionEntries, EntryKey(fp), v); err != nil {
+		return fmt.Errorf("keep entry %s: %w", fp, err)
+	}
+	return nil
+}
+
+// DeleteEntries deletes kept entries.
+func (d *DB) DeleteEntries(fps []string) error {
+	keys := make([]string, len(fps))
+	for i, fp := range fps {
+		keys[i] = EntryKey(fp)
+	}
+	if err := d.deleteKeys(SectionEntries, keys); err != nil {
+		return fmt.Errorf("delete kept entries: %w", err)
+	}
+	return nil
+}
+
+// PutWant keeps a want.
+func (d *DB) PutWant(module string, w KeptWant) error {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(w.Want)
+	if err != nil {
+		return fmt.Errorf("keep want %s: %w", module, err)
+	}
+	v, err := json.Marshal(wantRecord{V: version, Since: w.Since.UTC(), Want: b})
+	if err != nil {
+		return err
+	}
+	if err := d.put(SectionWants, WantKey(module), v); err != nil {
+		return fmt.Errorf("keep want %s: %w", module, err)
+	}
+	return nil
+}
+
+// DeleteWants deletes kept wants.
+func (d *DB) DeleteWants(modules []string) error {
+	keys := make([]string, len(modules))
+	for i, m := range modules {
+		keys[i] = WantKey(m)
+	}
+	if err := d.deleteKeys(SectionWants, keys); err != nil {
+		return fmt.Errorf("delete kept wants: %w", err)
+	}
+	return nil
+}
+
+// PutHighWater persists the high-water marks.
+func (d *DB) PutHighWater(hw HighWater) error {
+	v, err := json.Marshal(marksRecord{V: version, HighWater: hw})
+	if err != nil {
+		return err
+	}
+	if err := d.put(SectionHighWater, keyMarks, v); err != nil {
+		return fmt.Errorf("persist high-water marks: %w", err)
+	}
+	return nil
+}
+
+// PutKeyset persists the keyset envelope.
+func (d *DB) PutKeyset(env *typev1.Envelope) error {
+	v, err := proto.MarshalOptions{Deterministic: true}.Marshal(env)
+	if err != nil {
+		return err
+	}
+	if err := d.put(SectionKeyset, keyCurrent, v); err != nil {
+		return fmt.Errorf("persist keyset: %w", err)
+	}
+	return nil
+}
+
+// PutJournal writes the intent of an apply.
+func (d *DB) PutJournal(j *Journal) error {
+	j.V = version
+	v, err := json.Marshal(j)
+	if err != nil {
+		return err
+	}
+	if err := d.put(SectionJournal, keyIntent, v); err != nil {
+		return fmt.Errorf("write apply journal: %w", err)
+	}
+	return nil
+}
+
+// Commit writes the end of an apply in one transaction.
+func (d *DB) Commit(c *Commit) error {
+	err := d.db.Update(func(tx *bolt.Tx) error {
+		ledger := tx.Bucket([]byte(SectionLedger))
+		for _, r := range c.LedgerPut {
+			v, err := json.Marshal(r)
+			if err != nil {
+				return err
+			}
+			if err := ledger.Put([]byte(pathPrefix+r.Path), v); err != nil {
+				return err
+			}
+		}
+		for _, p := range c.LedgerDelete {
+			if err := ledger.Delete([]byte(pathPrefix + p)); err != nil {
+				return err
+			}
+		}
+		applied := tx.Bucket([]byte(SectionApplied))
+		if c.Manifest != nil {
+			v, err := proto.MarshalOptions{Deterministic: true}.Marshal(c.Manifest)
+			if err != nil {
+				return err
+			}
+			if err := applied.Put([]byte(keyManifest), v); err != nil {
+				return err
+			}
+		}
+		modules := make([]string, 0, len(c.Compositions))
+		for m := range c.Compositions {
+			modules = append(modules, m)
+		}
+		sort.Strings(modules)
+		for _, m := range modules {
+			v, err := proto.MarshalOptions{Deterministic: true}.Marshal(c.Compositions[m])
+			if err != nil {
+				return err
+			}
+			if err := applied.Put([]byte(compositionPrefix+m), v); err != nil {
+				return err
+			}
+		}
+		for _, m := range c.Drop {
+			if err := applied.Delete([]byte(compositionPrefix + m)); err != nil {
+				return err
+			}
+		}
+		if c.ClearJournal {
+			if err := tx.Bucket([]byte(SectionJournal)).Delete([]byte(keyIntent)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("commit apply: %w", err)
+	}
+	return nil
+}
