@@ -740,8 +740,10 @@ type ListEntriesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// When set, only entries of this module.
 	Module string `protobuf:"bytes,1,opt,name=module,proto3" json:"module,omitempty"`
-	// At most 1000; 0 means 100.
-	PageSize      int32  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// 0 means 100; above 1000 means 1000. A page also ends before it would
+	// exceed 3 MiB of entries.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token of an earlier response with the same module.
 	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1447,7 +1449,8 @@ func (x *RegisterModuleResponse) GetChanged() bool {
 type GetModuleRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Module string                 `protobuf:"bytes,1,opt,name=module,proto3" json:"module,omitempty"`
-	// When set, the history (oldest first) is returned too.
+	// When set, the history (oldest first, at most the newest 1000) is
+	// returned too.
 	History       bool `protobuf:"varint,2,opt,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -58,11 +58,13 @@ type CatalogServiceClient interface {
 	// fingerprint. Callers: operator, builder, composer.
 	// Codes: INVALID_ARGUMENT (bad module, page size or page token).
 	ListEntries(ctx context.Context, in *ListEntriesRequest, opts ...grpc.CallOption) (*ListEntriesResponse, error)
-	// PutBuild records the build of an existing entry. Callers: builder.
+	// PutBuild records the build of an existing entry; PENDING and FAILED
+	// builds may be replaced, a DONE one never (the same DONE build again is a
+	// no-op). A FAILED build needs a reason. Callers: builder.
 	// Codes: INVALID_ARGUMENT (a field is invalid), NOT_FOUND (no entry of
 	// the fingerprint), FAILED_PRECONDITION (DONE while an artifact is not
 	// held, or artifacts not matching the entry's), ALREADY_EXISTS (the build is
-	// DONE and this one differs).
+	// DONE and this one differs), ABORTED (concurrent writes kept winning).
 	PutBuild(ctx context.Context, in *PutBuildRequest, opts ...grpc.CallOption) (*PutBuildResponse, error)
 	// GetBuild returns the build of a fingerprint. Callers: composer, signer,
 	// operator, builder, node.
@@ -72,19 +74,26 @@ type CatalogServiceClient interface {
 	// Protocol: 1. the first message carries the header (declared digest and
 	// size) and no data; 2. each next message carries a chunk; 3. the client
 	// closes its side; the digest and size are checked and the object is kept
-	// only when both match. Callers: builder.
-	// Codes: INVALID_ARGUMENT (no header, size over the limit, more bytes than
-	// declared, digest or size mismatch: nothing is stored).
+	// only when both match. When the artifact is already held, the catalog
+	// answers right after the header (created false): the client's next send
+	// ends with EOF and it reads the answer. Callers: builder.
+	// Codes: INVALID_ARGUMENT (no header, size over the 1 GiB limit, more
+	// bytes than declared, a second header, digest or size mismatch),
+	// DEADLINE_EXCEEDED (no chunk for the idle timeout, 1 min by default, or
+	// the upload still running after 6 h). Whatever ends an upload before its
+	// bytes are checked, a client going away included, stores nothing.
 	UploadArtifact(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadArtifactRequest, UploadArtifactResponse], error)
 	// DownloadArtifact streams an artifact by digest from an offset (resume).
 	// Callers: every role (artifacts are not secret).
 	// Codes: INVALID_ARGUMENT (malformed digest, offset beyond the size),
 	// NOT_FOUND ("no artifact <digest>").
 	DownloadArtifact(ctx context.Context, in *DownloadArtifactRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DownloadArtifactResponse], error)
-	// RegisterModule makes a module run at a fingerprint. Callers: builder,
-	// operator. Codes: INVALID_ARGUMENT, NOT_FOUND (no entry of the
-	// fingerprint), FAILED_PRECONDITION (the entry is of another module),
-	// ABORTED (a concurrent registration; retry).
+	// RegisterModule makes a module run at a fingerprint; registering the
+	// fingerprint it runs at is a no-op (changed false). The registration
+	// carries the W3C trace context of this call. Callers: builder, operator.
+	// Codes: INVALID_ARGUMENT, NOT_FOUND ("no entry of fingerprint <fp>"),
+	// FAILED_PRECONDITION (the entry is of another module), ABORTED (concurrent
+	// registrations kept winning; retry).
 	RegisterModule(ctx context.Context, in *RegisterModuleRequest, opts ...grpc.CallOption) (*RegisterModuleResponse, error)
 	// GetModule returns a module's current registration and its history.
 	// Callers: composer, operator, builder, signer.
@@ -96,9 +105,13 @@ type CatalogServiceClient interface {
 	// WatchModules streams registrations. Protocol: 1. every current
 	// registration with a revision above from_revision; 2. one message with
 	// caught_up set; 3. every later change as it happens. A client resumes by
-	// passing the last revision it saw. Callers: composer, operator.
-	// Codes: UNAVAILABLE when the store's watch fails (resume from the last
-	// revision).
+	// passing the last revision it saw (a caught_up marker's revision too),
+	// also after a catalog restart. A registration deleted by hand comes as
+	// one naming the module with no fingerprint. A from_revision above the
+	// store's last revision (a store restored from a backup) counts as 0.
+	// Callers: composer, operator.
+	// Codes: UNAVAILABLE when the store's watch fails or the catalog stops
+	// (resume from the last revision).
 	WatchModules(ctx context.Context, in *WatchModulesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchModulesResponse], error)
 }
 
@@ -267,11 +280,13 @@ type CatalogServiceServer interface {
 	// fingerprint. Callers: operator, builder, composer.
 	// Codes: INVALID_ARGUMENT (bad module, page size or page token).
 	ListEntries(context.Context, *ListEntriesRequest) (*ListEntriesResponse, error)
-	// PutBuild records the build of an existing entry. Callers: builder.
+	// PutBuild records the build of an existing entry; PENDING and FAILED
+	// builds may be replaced, a DONE one never (the same DONE build again is a
+	// no-op). A FAILED build needs a reason. Callers: builder.
 	// Codes: INVALID_ARGUMENT (a field is invalid), NOT_FOUND (no entry of
 	// the fingerprint), FAILED_PRECONDITION (DONE while an artifact is not
 	// held, or artifacts not matching the entry's), ALREADY_EXISTS (the build is
-	// DONE and this one differs).
+	// DONE and this one differs), ABORTED (concurrent writes kept winning).
 	PutBuild(context.Context, *PutBuildRequest) (*PutBuildResponse, error)
 	// GetBuild returns the build of a fingerprint. Callers: composer, signer,
 	// operator, builder, node.
@@ -281,19 +296,26 @@ type CatalogServiceServer interface {
 	// Protocol: 1. the first message carries the header (declared digest and
 	// size) and no data; 2. each next message carries a chunk; 3. the client
 	// closes its side; the digest and size are checked and the object is kept
-	// only when both match. Callers: builder.
-	// Codes: INVALID_ARGUMENT (no header, size over the limit, more bytes than
-	// declared, digest or size mismatch: nothing is stored).
+	// only when both match. When the artifact is already held, the catalog
+	// answers right after the header (created false): the client's next send
+	// ends with EOF and it reads the answer. Callers: builder.
+	// Codes: INVALID_ARGUMENT (no header, size over the 1 GiB limit, more
+	// bytes than declared, a second header, digest or size mismatch),
+	// DEADLINE_EXCEEDED (no chunk for the idle timeout, 1 min by default, or
+	// the upload still running after 6 h). Whatever ends an upload before its
+	// bytes are checked, a client going away included, stores nothing.
 	UploadArtifact(grpc.ClientStreamingServer[UploadArtifactRequest, UploadArtifactResponse]) error
 	// DownloadArtifact streams an artifact by digest from an offset (resume).
 	// Callers: every role (artifacts are not secret).
 	// Codes: INVALID_ARGUMENT (malformed digest, offset beyond the size),
 	// NOT_FOUND ("no artifact <digest>").
 	DownloadArtifact(*DownloadArtifactRequest, grpc.ServerStreamingServer[DownloadArtifactResponse]) error
-	// RegisterModule makes a module run at a fingerprint. Callers: builder,
-	// operator. Codes: INVALID_ARGUMENT, NOT_FOUND (no entry of the
-	// fingerprint), FAILED_PRECONDITION (the entry is of another module),
-	// ABORTED (a concurrent registration; retry).
+	// RegisterModule makes a module run at a fingerprint; registering the
+	// fingerprint it runs at is a no-op (changed false). The registration
+	// carries the W3C trace context of this call. Callers: builder, operator.
+	// Codes: INVALID_ARGUMENT, NOT_FOUND ("no entry of fingerprint <fp>"),
+	// FAILED_PRECONDITION (the entry is of another module), ABORTED (concurrent
+	// registrations kept winning; retry).
 	RegisterModule(context.Context, *RegisterModuleRequest) (*RegisterModuleResponse, error)
 	// GetModule returns a module's current registration and its history.
 	// Callers: composer, operator, builder, signer.
@@ -305,9 +327,13 @@ type CatalogServiceServer interface {
 	// WatchModules streams registrations. Protocol: 1. every current
 	// registration with a revision above from_revision; 2. one message with
 	// caught_up set; 3. every later change as it happens. A client resumes by
-	// passing the last revision it saw. Callers: composer, operator.
-	// Codes: UNAVAILABLE when the store's watch fails (resume from the last
-	// revision).
+	// passing the last revision it saw (a caught_up marker's revision too),
+	// also after a catalog restart. A registration deleted by hand comes as
+	// one naming the module with no fingerprint. A from_revision above the
+	// store's last revision (a store restored from a backup) counts as 0.
+	// Callers: composer, operator.
+	// Codes: UNAVAILABLE when the store's watch fails or the catalog stops
+	// (resume from the last revision).
 	WatchModules(*WatchModulesRequest, grpc.ServerStreamingServer[WatchModulesResponse]) error
 	mustEmbedUnimplementedCatalogServiceServer()
 }

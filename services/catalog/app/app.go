@@ -1,0 +1,447 @@
+// Package app runs the catalog: Config (read from a strict YAML file and
+// flags) and Run, used by mesh-catalog's main, by tests and by the
+// one-process dev mesh.
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
+
+	"mesh.dev/internal/authz"
+	"mesh.dev/internal/config"
+	"mesh.dev/internal/grpcserver"
+	"mesh.dev/internal/identity"
+	"mesh.dev/internal/natsx"
+	"mesh.dev/internal/pki"
+	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
+	"mesh.dev/services/catalog/internal/service"
+	"mesh.dev/services/catalog/internal/store"
+)
+
+// Default addresses of the catalog and of its embedded NATS server.
+const (
+	DefaultListen         = "127.0.0.1:7401"
+	DefaultMetricsListen  = "127.0.0.1:9401"
+	DefaultEmbeddedListen = "127.0.0.1:4222"
+	// MetricsOff as metrics_listen serves no metrics.
+	MetricsOff = "off"
+	// MaxReplicas is the largest replica count of a JetStream stream.
+	MaxReplicas = 5
+)
+
+// Background work of a running catalog.
+const (
+	// sweepInterval is how often chunks of unfinished uploads are purged.
+	sweepInterval = time.Hour
+	// healthInterval is how often the NATS connection is looked at to
+	// report the service SERVING or NOT_SERVING.
+	healthInterval = 5 * time.Second
+	// connectTimeout bounds the first connection to NATS and the creation
+	// of the buckets.
+	connectTimeout = 30 * time.Second
+)
+
+// Config is the catalog's configuration file (YAML, unknown keys refused).
+type Config struct {
+	// Listen is the gRPC address.
+	Listen string `yaml:"listen"`
+	// MetricsListen serves Prometheus /metrics (default
+	// DefaultMetricsListen; "off" serves none).
+	MetricsListen string `yaml:"metrics_listen"`
+	// CertFile, KeyFile and CAFile are the catalog's mTLS certificate
+	// (URI SAN spiffe://<td>/service/catalog), its key and the CA.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	CAFile   string `yaml:"ca_file"`
+	// NATS says where the catalog keeps its data.
+	NATS NATSConfig `yaml:"nats"`
+	// UploadIdleTimeout abandons an upload that sends nothing for this long
+	// (default 1m).
+	UploadIdleTimeout config.Duration `yaml:"upload_idle_timeout"`
+	// EntryCacheBytes bounds the in-memory entry cache (default 64 MiB;
+	// negative turns it off).
+	EntryCacheBytes int `yaml:"entry_cache_bytes"`
+}
+
+// NATSConfig selects JetStream: an embedded server storing in EmbeddedDir
+// (the one-machine default), or an external cluster at URL. Exactly one of
+// the two is set.
+type NATSConfig struct {
+	// EmbeddedDir is the JetStream store of a nats-server the catalog runs
+	// in its own process, with sync_interval always.
+	EmbeddedDir string `yaml:"embedded_dir"`
+	// EmbeddedListen is where that server accepts the other services
+	// (default 127.0.0.1:4222; port 0 picks one). It has no authentication:
+	// keep it on loopback.
+	EmbeddedListen string `yaml:"embedded_listen"`
+	// URL is one or more comma-separated URLs of an external server or
+	// cluster.
+	URL string `yaml:"url"`
+	// CAFile, CertFile and KeyFile turn on TLS to URL (with a client
+	// certificate when given).
+	CAFile   string `yaml:"ca_file"`
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// CredsFile is a NATS credentials file.
+	CredsFile string `yaml:"creds_file"`
+	// Replicas of the catalog's buckets and object store: 1 (default) on
+	// one server, 3 on a 3-server cluster.
+	Replicas int `yaml:"replicas"`
+}
+
+// Defaults fills in unset optional values.
+func (c *Config) Defaults() {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.MetricsListen == "" {
+		c.MetricsListen = DefaultMetricsListen
+	}
+	if c.NATS.EmbeddedDir != "" && c.NATS.EmbeddedListen == "" {
+		c.NATS.EmbeddedListen = DefaultEmbeddedListen
+	}
+	if c.NATS.Replicas == 0 {
+		c.NATS.Replicas = 1
+	}
+	if c.UploadIdleTimeout == 0 {
+		c.UploadIdleTimeout = config.Duration(service.DefaultUploadIdleTimeout)
+	}
+}
+
+// Validate names the first missing or invalid value of a configuration
+// that reads everything from files (as mesh-catalog does).
+func (c *Config) Validate() error {
+	if err := config.Required(
+		[2]string{"listen", c.Listen},
+		[2]string{"cert_file", c.CertFile}, [2]string{"key_file", c.KeyFile}, [2]string{"ca_file", c.CAFile},
+	); err != nil {
+		return err
+	}
+	return c.validateNATS()
+}
+
+func (c *Config) validateNATS() error {
+	n := c.NATS
+	switch {
+	case n.EmbeddedDir == "" && n.URL == "":
+		return errors.New("config: nats.embedded_dir or nats.url is required")
+	case n.EmbeddedDir != "" && n.URL != "":
+		return errors.New("config: give nats.embedded_dir or nats.url, not both")
+	case n.Replicas < 1 || n.Replicas > MaxReplicas:
+		return fmt.Errorf("config: nats.replicas %d is outside 1..%d", n.Replicas, MaxReplicas)
+	case n.EmbeddedDir != "" && n.Replicas != 1:
+		return fmt.Errorf("config: nats.replicas is %d, but an embedded server holds 1 replica", n.Replicas)
+	case n.EmbeddedDir != "" && (n.CAFile != "" || n.CertFile != "" || n.KeyFile != "" || n.CredsFile != ""):
+		return errors.New("config: nats.ca_file, cert_file, key_file and creds_file are for nats.url, not an embedded server")
+	}
+	if n.EmbeddedDir != "" {
+		if _, _, err := splitHostPort(n.EmbeddedListen); err != nil {
+			return fmt.Errorf("config: nats.embedded_listen: %w", err)
+		}
+	}
+	if d := time.Duration(c.UploadIdleTimeout); d < time.Second || d > time.Hour {
+		return fmt.Errorf("config: upload_idle_timeout %s is outside 1s..1h", d)
+	}
+	return nil
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("port %q is not 0..65535", p)
+	}
+	return host, port, nil
+}
+
+// Options carry what a caller in the same process provides instead of files
+// and addresses (tests, the one-process dev mesh). All are optional.
+type Options struct {
+	Logger         *slog.Logger
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	// Listener replaces Listen.
+	Listener net.Listener
+	// ServerTLS replaces the certificate files.
+	ServerTLS *tls.Config
+	// JetStream replaces Config.NATS: the catalog uses this connection
+	// (which its caller owns and closes) and starts no server. The dev mesh
+	// passes the one its embedded server serves to every service.
+	JetStream jetstream.JetStream
+	// Ready is called with the server's address once it listens.
+	Ready func(net.Addr)
+}
+
+// Policy is the catalog's authorization table (DESIGN.md §8): builders
+// write entries, builds, artifacts and registrations; operators put entries
+// and register; readers are the services and roles that need each answer;
+// nodes only read; artifacts are not secret.
+func Policy() authz.Policy {
+	// The catalog never calls itself: its own role is allowed nothing.
+	const (
+		signer   = identity.RoleSigner
+		composer = identity.RoleComposer
+		node     = identity.RoleNode
+		operator = identity.RoleOperator
+		builder  = identity.RoleBuilder
+	)
+	return authz.Policy{
+		catalogv1.CatalogService_PutEntry_FullMethodName:         authz.Allow(builder, operator),
+		catalogv1.CatalogService_GetEntry_FullMethodName:         authz.Allow(composer, signer, node, operator, builder),
+		catalogv1.CatalogService_ListEntries_FullMethodName:      authz.Allow(operator, builder, composer),
+		catalogv1.CatalogService_PutBuild_FullMethodName:         authz.Allow(builder),
+		catalogv1.CatalogService_GetBuild_FullMethodName:         authz.Allow(composer, signer, operator, builder, node),
+		catalogv1.CatalogService_UploadArtifact_FullMethodName:   authz.Allow(builder),
+		catalogv1.CatalogService_DownloadArtifact_FullMethodName: authz.AnyAuthenticated(),
+		catalogv1.CatalogService_RegisterModule_FullMethodName:   authz.Allow(builder, operator),
+		catalogv1.CatalogService_GetModule_FullMethodName:        authz.Allow(composer, operator, builder, signer),
+		catalogv1.CatalogService_ListModules_FullMethodName:      authz.Allow(composer, operator, builder, signer),
+		catalogv1.CatalogService_WatchModules_FullMethodName:     authz.Allow(composer, operator),
+	}
+}
+
+// Catalog is a catalog built from a Config, ready to serve.
+type Catalog struct {
+	// Service is the gRPC service; Store its persistence.
+	Service *service.Server
+	Store   *store.Store
+
+	server   *grpcserver.Server
+	log      *slog.Logger
+	embedded *natsx.Embedded
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	listener net.Listener
+}
+
+// New connects to JetStream (or starts the embedded server), creates or
+// updates the catalog's buckets, repairs registration history keys a
+// crash left unwritten and builds the gRPC server. Close releases what it
+// opened when Serve is not called.
+func New(ctx context.Context, cfg Config, opts Options) (_ *Catalog, err error) {
+	cfg.Defaults()
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	c := &Catalog{log: log, listener: opts.Listener}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+
+	serverTLS := opts.ServerTLS
+	if serverTLS == nil {
+		if err := config.Required([2]string{"cert_file", cfg.CertFile}, [2]string{"key_file", cfg.KeyFile}, [2]string{"ca_file", cfg.CAFile}); err != nil {
+			return nil, err
+		}
+		if serverTLS, err = pki.ServerTLS(cfg.CertFile, cfg.KeyFile, cfg.CAFile); err != nil {
+			return nil, fmt.Errorf("server tls: %w", err)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	c.js = opts.JetStream
+	if c.js == nil {
+		if err := cfg.validateNATS(); err != nil {
+			return nil, err
+		}
+		if err := c.connect(ctx, cfg.NATS); err != nil {
+			return nil, err
+		}
+	}
+	c.Store, err = store.Open(ctx, c.js, store.Config{
+		Replicas: cfg.NATS.Replicas, EntryCacheBytes: cfg.EntryCacheBytes,
+		TracerProvider: opts.TracerProvider, Logger: log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("catalog store: %w", err)
+	}
+	if n, err := c.Store.RepairHistory(ctx); err != nil {
+		return nil, fmt.Errorf("repair registration history: %w", err)
+	} else if n > 0 {
+		log.Warn("wrote registration history keys a stop had left unwritten", "keys", n)
+	}
+
+	c.Service, err = service.New(service.Config{
+		Store: c.Store, UploadIdleTimeout: time.Duration(cfg.UploadIdleTimeout),
+		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.server, err = grpcserver.Build(grpcserver.Config{
+		Addr: cfg.Listen, TLS: serverTLS, Policy: Policy(), Logger: log,
+		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider,
+	}, c.Service.Register)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("catalog ready", "replicas", cfg.NATS.Replicas, "nats", c.natsDescription(cfg.NATS, opts.JetStream != nil))
+	return c, nil
+}
+
+// connect starts the embedded server or connects to the external one.
+func (c *Catalog) connect(ctx context.Context, n NATSConfig) error {
+	conn := natsx.ConnConfig{
+		URL: n.URL, Name: "mesh-catalog", CAFile: n.CAFile, CertFile: n.CertFile, KeyFile: n.KeyFile,
+		CredsFile: n.CredsFile, Logger: c.log,
+	}
+	if n.EmbeddedDir != "" {
+		host, port, err := splitHostPort(n.EmbeddedListen)
+		if err != nil {
+			return fmt.Errorf("nats.embedded_listen: %w", err)
+		}
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			c.log.Warn("the embedded NATS server listens beyond loopback and has no authentication", "listen", n.EmbeddedListen)
+		}
+		c.embedded, err = natsx.StartEmbedded(natsx.EmbeddedConfig{
+			DataDir: n.EmbeddedDir, Host: host, Port: port, SyncAlways: true, ServerName: "mesh-catalog",
+			Logger: c.log,
+		})
+		if err != nil {
+			return err
+		}
+		conn.URL, conn.InProcess = "", c.embedded.Server()
+	}
+	var err error
+	c.nc, c.js, err = natsx.Connect(ctx, conn)
+	return err
+}
+
+func (c *Catalog) natsDescription(n NATSConfig, injected bool) string {
+	switch {
+	case injected:
+		return "in-process connection"
+	case c.embedded != nil:
+		return "embedded " + c.embedded.ClientURL() + " storing in " + n.EmbeddedDir
+	}
+	return n.URL
+}
+
+// Embedded returns the embedded NATS server, nil when the catalog connects
+// to another one; the other services of one machine connect to its
+// ClientURL.
+func (c *Catalog) Embedded() *natsx.Embedded { return c.embedded }
+
+// JetStream returns the catalog's JetStream context.
+func (c *Catalog) JetStream() jetstream.JetStream { return c.js }
+
+// Serve serves until ctx is done, sweeping the chunks of unfinished uploads
+// and reporting NOT_SERVING while NATS is unreachable, then ends the watch
+// streams, stops gracefully and closes what New opened.
+func (c *Catalog) Serve(ctx context.Context, ready func(net.Addr)) error {
+	defer c.Close()
+	bg, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		<-ctx.Done()
+		// Watch streams never end on their own; a graceful stop would wait
+		// for them until its grace period ran out.
+		c.Service.Stop()
+	}()
+	go c.sweep(bg)
+	go c.health(bg)
+	if c.listener != nil {
+		if ready != nil {
+			ready(c.listener.Addr())
+		}
+		return c.server.ServeListener(ctx, c.listener)
+	}
+	addr, err := c.server.Listen()
+	if err != nil {
+		return err
+	}
+	if ready != nil {
+		ready(addr)
+	}
+	return c.server.Serve(ctx)
+}
+
+// sweep purges the chunks of uploads that died with their catalog, at start
+// and every sweepInterval. Only chunks older than twice the longest upload
+// go, so another replica's running upload is never touched.
+func (c *Catalog) sweep(ctx context.Context) {
+	t := time.NewTicker(sweepInterval)
+	defer t.Stop()
+	for {
+		if n, err := c.Store.SweepOrphanChunks(ctx, 2*service.MaxUploadDuration); err != nil && ctx.Err() == nil {
+			c.log.Warn("sweep of unfinished artifact uploads failed", "error", err)
+		} else if n > 0 {
+			c.log.Info("swept unfinished artifact uploads", "objects", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// health reports the catalog NOT_SERVING while its NATS connection is down,
+// so that clients watching health go elsewhere.
+func (c *Catalog) health(ctx context.Context) {
+	nc := c.js.Conn()
+	t := time.NewTicker(healthInterval)
+	defer t.Stop()
+	serving := true
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		up := nc.IsConnected()
+		if up == serving {
+			continue
+		}
+		serving = up
+		st := healthgrpc.HealthCheckResponse_SERVING
+		if !up {
+			st = healthgrpc.HealthCheckResponse_NOT_SERVING
+			c.log.Warn("nats connection down; reporting NOT_SERVING")
+		} else {
+			c.log.Info("nats connection back; reporting SERVING")
+		}
+		c.server.Health().SetServingStatus("", st)
+		c.server.Health().SetServingStatus(catalogv1.CatalogService_ServiceDesc.ServiceName, st)
+	}
+}
+
+// Close closes the NATS connection and stops the embedded server. It may be
+// called more than once.
+func (c *Catalog) Close() {
+	if c.nc != nil {
+		c.nc.Close()
+		c.nc = nil
+	}
+	if c.embedded != nil {
+		c.embedded.Shutdown()
+	}
+}
+
+// Run builds the catalog and serves until ctx is done.
+func Run(ctx context.Context, cfg Config, opts Options) error {
+	c, err := New(ctx, cfg, opts)
+	if err != nil {
+		return err
+	}
+	return c.Serve(ctx, opts.Ready)
+}
