@@ -24,7 +24,7 @@ help:
 
 $(BIN)/.tools-stamp: tools/go.mod tools/go.sum
 	@mkdir -p $(BIN)
-	cd tools && GOBIN=$(BIN) GOFLAGS=-mod=mod $(GO) install tool
+	cd tools && GOWORK=off GOBIN=$(BIN) GOFLAGS=-mod=mod $(GO) install tool
 	@touch $@
 
 $(TOOL_BINS): $(BIN)/.tools-stamp

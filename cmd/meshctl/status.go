@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"mesh.dev/internal/names"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+)
+
+func init() { register(newStatusCmd) }
+
+func newStatusCmd() *cobra.Command {
+	var why, wait bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "status [NODE...]",
+		Short: "Each node: wanted vs applied, and with --why the reason for anything not applied",
+		Long: `status prints each node's manifest revision (wanted/applied), how many modules
+run what they should, and a state. --why adds, for every node not converged, each
+module's wanted and applied fingerprint, the engine's last attempt with its reason
+code and words, held moves with their reasons, and the last compose error.
+--wait prints progress until every listed node converged or --timeout passes.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, done, err := composerClient()
+			if err != nil {
+				return err
+			}
+			defer done()
+			fetch := func(ctx context.Context) ([]*composerv1.NodeStatus, error) {
+				resp, err := c.ListStatus(ctx, &composerv1.ListStatusRequest{})
+				if err != nil {
+					return nil, err
+				}
+				var out []*composerv1.NodeStatus
+				for _, st := range resp.GetStatuses() {
+					if len(args) == 0 || slices.Contains(args, st.GetNode()) {
+						out = append(out, st)
+					}
+				}
+				return out, nil
+			}
+			if !wait {
+				sts, err := fetch(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if wantJSON() {
+					return printJSON(cmd, &composerv1.ListStatusResponse{Statuses: sts})
+				}
+				RenderStatus(cmd.OutOrStdout(), sts, why, time.Now())
+				return nil
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			return WaitConverged(ctx, cmd.OutOrStdout(), fetch, len(args), why)
+		},
+	}
+	cmd.Flags().BoolVar(&why, "why", false, "explain every node that is not converged")
+	cmd.Flags().BoolVar(&wait, "wait", false, "print progress until converged or --timeout")
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long --wait waits")
+	return cmd
+}
+
+// WaitConverged polls statuses, printing a progress line when it changes,
+// until every node is converged (and at least want nodes are known).
+func WaitConverged(ctx context.Context, w io.Writer, fetch func(context.Context) ([]*composerv1.NodeStatus, error), want int, why bool) error {
+	last := ""
+	start := time.Now()
+	for {
+		sts, err := fetch(ctx)
+		if err == nil {
+			conv := 0
+			for _, st := range sts {
+				if st.GetConverged() {
+					conv++
+				}
+			}
+			line := fmt.Sprintf("%d/%d nodes converged", conv, len(sts))
+			if line != last {
+				fmt.Fprintf(w, "[%5.1fs] %s\n", time.Since(start).Seconds(), line)
+				last = line
+			}
+			if len(sts) > 0 && conv == len(sts) && len(sts) >= want {
+				RenderStatus(w, sts, why, time.Now())
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if sts, err := fetch(context.Background()); err == nil {
+				RenderStatus(w, sts, true, time.Now())
+			}
+			return fmt.Errorf("not converged: %w", ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func shortFP(fp string) string {
+	if h := names.FingerprintHex(fp); h != "" {
+		return h[:12]
+	}
+	if fp == "" {
+		return "-"
+	}
+	return fp
+}
+
+func stateWord(st *composerv1.NodeStatus) string {
+	switch {
+	case st.GetLastError() != "":
+		return "ERROR"
+	case st.GetConverged() && len(st.GetHolds()) > 0:
+		return "CONVERGED (holds)"
+	case st.GetConverged():
+		return "CONVERGED"
+	case st.GetLastSeen() == nil:
+		return "NEVER SEEN"
+	}
+	for _, m := range st.GetModules() {
+		if m.GetState() == composerv1.AttemptState_ATTEMPT_STATE_STALE {
+			return "STALE"
+		}
+		if m.GetState() == composerv1.AttemptState_ATTEMPT_STATE_FAILED || m.GetState() == composerv1.AttemptState_ATTEMPT_STATE_HELD {
+			return "NOT APPLIED"
+		}
+	}
+	return "CONVERGING"
+}
+
+// RenderStatus writes the status table and, with why, the reasons.
+func RenderStatus(w io.Writer, sts []*composerv1.NodeStatus, why bool, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tMANIFEST\tMODULES\tSTATE\tLAST SEEN")
+	for _, st := range sts {
+		applied := 0
+		for _, m := range st.GetModules() {
+			if m.GetWantedDigest() != "" && m.GetAppliedDigest() == m.GetWantedDigest() {
+				applied++
+			}
+		}
+		seen := "never"
+		if st.GetLastSeen() != nil {
+			// Last seen is persisted at most every 5 minutes (DESIGN.md §6).
+			if age := now.Sub(st.GetLastSeen().AsTime()); age < 5*time.Minute+30*time.Second {
+				seen = "within 5m"
+			} else {
+				seen = age.Round(time.Minute).String() + " ago"
+			}
+		}
+		fmt.Fprintf(tw, "%s\tr%d/r%d\t%d/%d applied\t%s\t%s\n", st.GetNode(), st.GetManifestRevision(), st.GetAppliedRevision(),
+			applied, len(st.GetModules()), stateWord(st), seen)
+	}
+	tw.Flush()
+	if !why {
+		return
+	}
+	for _, st := range sts {
+		if st.GetConverged() && len(st.GetHolds()) == 0 && st.GetLastError() == "" {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s:\n", st.GetNode())
+		if st.GetLastError() != "" {
+			fmt.Fprintf(w, "  compose error: %s\n", st.GetLastError())
+		}
+		if st.GetAppliedRevision() != st.GetManifestRevision() {
+			fmt.Fprintf(w, "  manifest r%d is wanted, the engine applied r%d\n", st.GetManifestRevision(), st.GetAppliedRevision())
+		}
+		for _, m := range st.GetModules() {
+			if m.GetWantedDigest() != "" && m.GetWantedDigest() == m.GetAppliedDigest() && m.GetHold() == nil {
+				continue
+			}
+			var b strings.Builder
+			fmt.Fprintf(&b, "  %s: wanted %s, applied %s", m.GetModule(), shortFP(m.GetWantedFingerprint()), shortFP(m.GetAppliedFingerprint()))
+			if m.GetState() != composerv1.AttemptState_ATTEMPT_STATE_UNSPECIFIED {
+				fmt.Fprintf(&b, "; last attempt %s", strings.TrimPrefix(m.GetState().String(), "ATTEMPT_STATE_"))
+			}
+			if m.GetReasonCode() != composerv1.ReasonCode_REASON_CODE_UNSPECIFIED {
+				fmt.Fprintf(&b, " %s", strings.TrimPrefix(m.GetReasonCode().String(), "REASON_CODE_"))
+			}
+			if m.GetReason() != "" {
+				fmt.Fprintf(&b, ": %s", m.GetReason())
+			}
+			if h := m.GetHold(); h != nil {
+				fmt.Fprintf(&b, "; held: %s", h.GetReason())
+			}
+			if m.GetWantedDigest() != "" && m.GetAppliedDigest() == "" && m.GetState() == composerv1.AttemptState_ATTEMPT_STATE_UNSPECIFIED {
+				b.WriteString("; the engine has not reported this module yet")
+			}
+			fmt.Fprintln(w, b.String())
+		}
+		if st.GetLastSeen() == nil {
+			fmt.Fprintln(w, "  the node's engine has never connected")
+		}
+	}
+}
