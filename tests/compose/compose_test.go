@@ -1,0 +1,628 @@
+// Package compose runs mesh scaled out in containers (deploy/compose): a
+// 3-server JetStream cluster, the catalog, the signer, two composers and
+// three node engines, each in its own container with its own certificate,
+// and puts it through faults.
+package compose
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"mesh.dev/internal/natsx"
+	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	nodeenginev1 "mesh.dev/proto/mesh/nodeengine/v1"
+	"mesh.dev/services/catalog/publish"
+)
+
+// Time bounds of the phases; a run on a 2-CPU machine takes a few minutes
+// in all once the images are built.
+const (
+	buildTimeout    = 15 * time.Minute
+	startTimeout    = 3 * time.Minute
+	convergeTimeout = 5 * time.Minute
+)
+
+var nodes = []string{"ace", "bay", "cod"}
+
+// placed is what each node runs: modules and their params.
+var placed = map[string][]string{
+	"ace": {"motd", "sshd", "ca-bundle"},
+	"bay": {"motd", "node-exporter"},
+	"cod": {"motd", "sshd", "node-exporter", "ca-bundle"},
+}
+
+func nodeSpec(t *testing.T, node string, ip string) *composerv1.NodeSpec {
+	t.Helper()
+	params := map[string]map[string]any{
+		"sshd":          {"port": 22},
+		"node-exporter": {"port": 9100, "collectors": []any{"cpu", "meminfo"}},
+	}
+	facts, err := structpb.NewStruct(map[string]any{"ip": ip})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &composerv1.NodeSpec{Node: node, Labels: map[string]string{"fleet": "compose"}, Facts: facts}
+	for _, m := range placed[node] {
+		var p *structpb.Struct
+		if params[m] != nil {
+			if p, err = structpb.NewStruct(params[m]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		spec.Modules = append(spec.Modules, &composerv1.PlacedModule{Module: m, Params: p})
+	}
+	return spec
+}
+
+func publishOptions(module string) publish.Options {
+	return publish.Options{NoGit: true, Repository: "https://git.example/mesh.git", Path: "examples/modules/" + module}
+}
+
+// TestComposeFleet brings the compose deployment up, publishes the example
+// modules, places them on three nodes and waits until every engine applied
+// its manifest; then kills the lease-holding composer and the NATS server
+// leading the assignments stream, cuts one engine off the network, publishes
+// a new version of a module, heals, and checks that the fleet converges on
+// it and that nothing JetStream acknowledged was lost.
+func TestComposeFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the compose test builds the images and runs eleven containers")
+	}
+	cli := composeCLI(t)
+	root := repoRoot(t)
+	ctx := t.Context()
+	began := time.Now()
+
+	// Images and the deployment's certificates, keys and configuration.
+	bctx, cancel := context.WithTimeout(ctx, buildTimeout)
+	defer cancel()
+	if _, err := run(bctx, os.Environ(), "bash", filepath.Join(root, "deploy", "images", "build.sh")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("images built in %s", time.Since(began).Round(time.Second))
+	dir := filepath.Join(t.TempDir(), "deploy")
+	if _, err := run(bctx, os.Environ(), "bash", filepath.Join(root, "deploy", "compose", "gen.sh"),
+		"--bin", filepath.Join(root, "bin", "images", ".bin"), dir); err != nil {
+		t.Fatal(err)
+	}
+
+	d := newDeployment(t, cli, root, dir)
+	t.Cleanup(d.down)
+	// Engines start once their node specs exist: an engine without one is
+	// refused and backs off (up to minutes), which would only slow the test.
+	d.compose(startTimeout, "up", "-d", "nats-0", "nats-1", "nats-2", "catalog", "signer", "composer-1", "composer-2")
+
+	builder := catalogv1.NewCatalogServiceClient(d.dial(d.addr("catalog", 7401), "pki", "builder-ci"))
+	composers := map[string]composerv1.ComposerServiceClient{}
+	for _, c := range []string{"composer-1", "composer-2"} {
+		composers[c] = composerv1.NewComposerServiceClient(d.dial(d.addr(c, 7403), "pki", "operator-admin"))
+	}
+	natsURL := strings.Join([]string{
+		"tls://" + d.addr("nats-0", 4222), "tls://" + d.addr("nats-1", 4222), "tls://" + d.addr("nats-2", 4222),
+	}, ",")
+	catalogJS := connectNATS(t, natsURL, dir, "catalog", "catalog")
+	composerJS := connectNATS(t, natsURL, dir, "composer-1", "composer")
+
+	// The example modules, published as the builder.
+	fps := map[string]string{}
+	eventually(t, "catalog serving", startTimeout, func() error {
+		_, err := builder.ListModules(ctx, &catalogv1.ListModulesRequest{})
+		return err
+	})
+	for _, m := range []string{"motd", "sshd", "ca-bundle", "node-exporter"} {
+		res, err := publish.Dir(ctx, builder, filepath.Join(root, "examples", "modules", m), publishOptions(m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fps[m] = res.Fingerprint
+	}
+
+	// Node specs, as the operator, through whichever composer answers.
+	eventually(t, "composers serving", startTimeout, func() error {
+		for name, c := range composers {
+			if _, err := c.ListStatus(ctx, &composerv1.ListStatusRequest{}); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+		}
+		return nil
+	})
+	for i, n := range nodes {
+		if _, err := composers["composer-1"].PutNode(ctx, &composerv1.PutNodeRequest{Spec: nodeSpec(t, n, fmt.Sprintf("10.0.0.%d", i+1))}); err != nil {
+			t.Fatalf("put node %s: %v", n, err)
+		}
+	}
+
+	d.compose(startTimeout, "up", "-d", "node-ace", "node-bay", "node-cod")
+	engines := map[string]nodeenginev1.NodeEngineServiceClient{}
+	for _, n := range nodes {
+		engines[n] = nodeenginev1.NewNodeEngineServiceClient(d.dial(d.addr("node-"+n, 7404), "pki", "operator-admin"))
+	}
+	all := &fleet{t: t, composers: composers, engines: engines}
+	eventually(t, "fleet converged", convergeTimeout, func() error { return all.converged(ctx, nodes, fps) })
+	t.Logf("converged %s after start", time.Since(began).Round(time.Second))
+
+	revisions := watchRevisions(t, engines)
+	acked := snapshot(t, catalogJS, composerJS)
+	if v := permissionViolations(t, d); v != "" {
+		t.Errorf("NATS refused a service's own traffic:\n%s", v)
+	}
+
+	// Faults: the lease holder, the NATS server leading the assignments
+	// stream, and one engine's network.
+	holder := leaseHolder(t, composerJS)
+	leader := streamLeader(t, composerJS, "KV_"+natsx.BucketAssignments)
+	survivor := "composer-1"
+	if holder == survivor {
+		survivor = "composer-2"
+	}
+	t.Logf("killing %s (lease holder) and %s (leader of the assignments stream); cutting node-cod off", holder, leader)
+	holderID, leaderID, codID := d.container(holder), d.container(leader), d.container("node-cod")
+	d.docker("kill", holderID)
+	d.docker("kill", leaderID)
+	d.docker("network", "disconnect", d.network(), codID)
+
+	// A new version of motd while all three hold.
+	changed := changedModule(t, filepath.Join(root, "examples", "modules", "motd"))
+	eventually(t, "new motd published", startTimeout, func() error {
+		res, err := publish.Dir(ctx, builder, changed, publishOptions("motd"))
+		if err != nil {
+			return err
+		}
+		if res.Fingerprint == fps["motd"] {
+			return errors.New("the changed module has the old fingerprint")
+		}
+		fps["motd"] = res.Fingerprint
+		return nil
+	})
+	live := &fleet{t: t, composers: map[string]composerv1.ComposerServiceClient{survivor: composers[survivor]}, engines: engines}
+	eventually(t, "ace and bay converged on the new motd without "+holder+", "+leader+" and cod", convergeTimeout, func() error {
+		return live.converged(ctx, []string{"ace", "bay"}, fps)
+	})
+	if err := live.converged(ctx, []string{"cod"}, fps); err == nil {
+		t.Fatal("cod converged on the new motd while cut off the network")
+	}
+	ackedDuring := snapshot(t, catalogJS, composerJS)
+
+	// Heal.
+	d.docker("start", holderID)
+	d.docker("start", leaderID)
+	d.docker("network", "connect", d.network(), codID)
+	eventually(t, "fleet converged after healing", convergeTimeout, func() error {
+		return all.converged(ctx, nodes, fps)
+	})
+
+	// Nothing acknowledged was lost, no engine went back, and every node
+	// has the new motd on disk.
+	for _, s := range []map[string]map[string]kvRecord{acked, ackedDuring} {
+		checkKept(t, s, catalogJS, composerJS)
+	}
+	revisions.stop()
+	if v := revisions.regressions(); len(v) > 0 {
+		t.Errorf("applied manifest revisions went backwards: %v", v)
+	}
+	for _, n := range nodes {
+		motd := d.file(d.container("node-"+n), "/node/etc/motd")
+		if !strings.Contains(motd, n) || !strings.Contains(motd, changedLine) {
+			t.Errorf("node %s: /etc/motd is %q, want the new version naming the node", n, motd)
+		}
+	}
+	if v := permissionViolations(t, d); v != "" {
+		t.Errorf("NATS refused a service's own traffic:\n%s", v)
+	}
+	checkLeastPrivilege(t, natsURL, dir, catalogJS, composerJS)
+	t.Logf("whole run %s", time.Since(began).Round(time.Second))
+}
+
+// fleet asks composers and engines whether nodes converged.
+type fleet struct {
+	t         *testing.T
+	composers map[string]composerv1.ComposerServiceClient
+	engines   map[string]nodeenginev1.NodeEngineServiceClient
+}
+
+// converged returns nil when, as a composer sees it, every node runs every
+// placed module at the fingerprint in fps with the wanted digest applied,
+// and its engine reports the manifest revision the composer holds.
+func (f *fleet) converged(ctx context.Context, nodes []string, fps map[string]string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var statuses []*composerv1.NodeStatus
+	var errs []error
+	for name, c := range f.composers {
+		resp, err := c.ListStatus(ctx, &composerv1.ListStatusRequest{})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			continue
+		}
+		statuses = resp.GetStatuses()
+		break
+	}
+	if statuses == nil {
+		return errors.Join(errs...)
+	}
+	for _, n := range nodes {
+		i := slices.IndexFunc(statuses, func(s *composerv1.NodeStatus) bool { return s.GetNode() == n })
+		if i < 0 {
+			return fmt.Errorf("node %s has no status", n)
+		}
+		st := statuses[i]
+		if !st.GetConverged() {
+			return fmt.Errorf("node %s not converged: %s", n, summary(st))
+		}
+		for _, m := range placed[n] {
+			j := slices.IndexFunc(st.GetModules(), func(ms *composerv1.ModuleStatus) bool { return ms.GetModule() == m })
+			if j < 0 {
+				return fmt.Errorf("node %s: no status of %s", n, m)
+			}
+			ms := st.GetModules()[j]
+			if ms.GetWantedFingerprint() != fps[m] || ms.GetAppliedFingerprint() != fps[m] || ms.GetAppliedDigest() != ms.GetWantedDigest() {
+				return fmt.Errorf("node %s: %s", n, summary(st))
+			}
+		}
+		es, err := f.engines[n].GetStatus(ctx, &nodeenginev1.GetStatusRequest{})
+		if err != nil {
+			return fmt.Errorf("engine %s: %w", n, err)
+		}
+		if got := es.GetApplied().GetRevision(); got != st.GetManifestRevision() {
+			return fmt.Errorf("engine %s applied manifest revision %d, the composer holds %d", n, got, st.GetManifestRevision())
+		}
+	}
+	return nil
+}
+
+func summary(st *composerv1.NodeStatus) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "manifest %d applied %d", st.GetManifestRevision(), st.GetAppliedRevision())
+	if e := st.GetLastError(); e != "" {
+		fmt.Fprintf(&b, ", last error %q", e)
+	}
+	for _, m := range st.GetModules() {
+		fmt.Fprintf(&b, "; %s wanted %s applied %s %s %s", m.GetModule(), short(m.GetWantedFingerprint()), short(m.GetAppliedFingerprint()), m.GetState(), m.GetReason())
+	}
+	return b.String()
+}
+
+func short(fp string) string {
+	if len(fp) > 12 {
+		return fp[:12]
+	}
+	return fp
+}
+
+// changedLine is what the new version of motd adds.
+const changedLine = "Changed by the compose test."
+
+// changedModule copies a module directory and changes its content and
+// version: a new source snapshot of the same module, hence a new
+// fingerprint.
+func changedModule(t *testing.T, src string) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), filepath.Base(src))
+	if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
+		t.Fatal(err)
+	}
+	motd := filepath.Join(dst, "files", "motd")
+	b, err := os.ReadFile(motd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(motd, append(b, []byte("  "+changedLine+"\n")...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	manifest := filepath.Join(dst, "module.yaml")
+	m, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = bytes.Replace(m, []byte("version: 1.0.2"), []byte("version: 1.0.3"), 1)
+	if err := os.WriteFile(manifest, m, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+// file reads one file out of a container (docker cp works without a shell
+// in the image).
+func (d *deployment) file(container, path string) string {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "docker", "cp", container+":"+path, "-")
+	out, err := cmd.Output()
+	if err != nil {
+		d.t.Fatalf("docker cp %s:%s: %v", container, path, err)
+	}
+	tr := tar.NewReader(bytes.NewReader(out))
+	if _, err := tr.Next(); err != nil {
+		d.t.Fatalf("docker cp %s:%s: %v", container, path, err)
+	}
+	b, err := io.ReadAll(tr)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return string(b)
+}
+
+// revisionWatch polls every engine's applied manifest revision and records
+// any that is lower than one seen before. An engine that cannot be reached
+// (cut off, restarting) is skipped for that round.
+type revisionWatch struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	seen   map[string]uint64
+	back   []string
+}
+
+func watchRevisions(t *testing.T, engines map[string]nodeenginev1.NodeEngineServiceClient) *revisionWatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &revisionWatch{cancel: cancel, done: make(chan struct{}), seen: map[string]uint64{}}
+	go func() {
+		defer close(w.done)
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			for n, e := range engines {
+				cctx, c := context.WithTimeout(ctx, 2*time.Second)
+				st, err := e.GetStatus(cctx, &nodeenginev1.GetStatusRequest{})
+				c()
+				if err != nil {
+					continue
+				}
+				rev := st.GetApplied().GetRevision()
+				w.mu.Lock()
+				if rev < w.seen[n] {
+					w.back = append(w.back, fmt.Sprintf("%s: %d after %d", n, rev, w.seen[n]))
+				}
+				w.seen[n] = max(w.seen[n], rev)
+				w.mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	t.Cleanup(w.stop)
+	return w
+}
+
+func (w *revisionWatch) stop() { w.cancel(); <-w.done }
+
+func (w *revisionWatch) regressions() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.back)
+}
+
+// connectNATS connects to the cluster with a container's certificate, as
+// that service's NATS user.
+func connectNATS(t *testing.T, url, dir, container, basename string) jetstream.JetStream {
+	t.Helper()
+	var js jetstream.JetStream
+	eventually(t, "NATS as "+basename, startTimeout, func() error {
+		nc, j, err := natsx.Connect(t.Context(), natsConn(url, dir, container, basename))
+		if err != nil {
+			return err
+		}
+		t.Cleanup(nc.Close)
+		js = j
+		return nil
+	})
+	return js
+}
+
+func natsConn(url, dir, container, basename string) natsx.ConnConfig {
+	return natsx.ConnConfig{
+		URL: url, Name: "compose-test-" + basename,
+		CAFile:   filepath.Join(dir, "pki", "ca.pem"),
+		CertFile: filepath.Join(dir, container, basename+".pem"),
+		KeyFile:  filepath.Join(dir, container, basename+"-key.pem"),
+	}
+}
+
+// kvRecord is one key as JetStream acknowledged it.
+type kvRecord struct {
+	revision uint64
+	value    []byte
+}
+
+// truth lists the buckets whose keys must survive (DESIGN.md §9's truth and
+// what nodes run), by the service that may read them.
+var truth = struct{ catalog, composer []string }{
+	catalog:  []string{natsx.BucketCatalogEntries, natsx.BucketCatalogBuilds, natsx.BucketCatalogModules},
+	composer: []string{natsx.BucketNodes, natsx.BucketAssignments, natsx.BucketKeysets},
+}
+
+// snapshot reads every key of the truth buckets.
+func snapshot(t *testing.T, catalogJS, composerJS jetstream.JetStream) map[string]map[string]kvRecord {
+	t.Helper()
+	out := map[string]map[string]kvRecord{}
+	read := func(js jetstream.JetStream, bucket string) {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		kv, err := js.KeyValue(ctx, bucket)
+		if err != nil {
+			t.Fatalf("bucket %s: %v", bucket, err)
+		}
+		keys, err := kv.Keys(ctx)
+		if err != nil {
+			t.Fatalf("bucket %s keys: %v", bucket, err)
+		}
+		out[bucket] = map[string]kvRecord{}
+		for _, k := range keys {
+			e, err := kv.Get(ctx, k)
+			if err != nil {
+				t.Fatalf("bucket %s key %s: %v", bucket, k, err)
+			}
+			out[bucket][k] = kvRecord{revision: e.Revision(), value: e.Value()}
+		}
+	}
+	for _, b := range truth.catalog {
+		read(catalogJS, b)
+	}
+	for _, b := range truth.composer {
+		read(composerJS, b)
+	}
+	for _, b := range []string{natsx.BucketCatalogEntries, natsx.BucketNodes, natsx.BucketAssignments} {
+		if len(out[b]) == 0 {
+			t.Fatalf("bucket %s is empty in a converged fleet", b)
+		}
+	}
+	return out
+}
+
+// immutable buckets never change a key once written; the others may only
+// move a key forward.
+func immutable(bucket, key string) bool {
+	switch bucket {
+	case natsx.BucketCatalogEntries, natsx.BucketCatalogBuilds:
+		return true
+	case natsx.BucketCatalogModules:
+		return strings.Contains(key, ".") // <module>.<seq> history keys
+	}
+	return false
+}
+
+// checkKept checks that every key of a snapshot is still there, at its
+// revision or a later one, with the same bytes where keys are immutable.
+func checkKept(t *testing.T, snap map[string]map[string]kvRecord, catalogJS, composerJS jetstream.JetStream) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	n := 0
+	for bucket, keys := range snap {
+		js := composerJS
+		if slices.Contains(truth.catalog, bucket) {
+			js = catalogJS
+		}
+		kv, err := js.KeyValue(ctx, bucket)
+		if err != nil {
+			t.Fatalf("bucket %s: %v", bucket, err)
+		}
+		for k, was := range keys {
+			e, err := kv.Get(ctx, k)
+			if err != nil {
+				t.Errorf("%s/%s (revision %d, acknowledged) is gone: %v", bucket, k, was.revision, err)
+				continue
+			}
+			switch {
+			case e.Revision() < was.revision:
+				t.Errorf("%s/%s went back from revision %d to %d", bucket, k, was.revision, e.Revision())
+			case immutable(bucket, k) && !bytes.Equal(e.Value(), was.value):
+				t.Errorf("%s/%s changed", bucket, k)
+			}
+			n++
+		}
+	}
+	t.Logf("%d acknowledged keys of %d buckets kept", n, len(snap))
+}
+
+// leaseHolder reads who holds the composer lease.
+func leaseHolder(t *testing.T, js jetstream.JetStream) string {
+	t.Helper()
+	var holder string
+	eventually(t, "lease holder known", startTimeout, func() error {
+		kv, err := js.KeyValue(t.Context(), natsx.BucketComposerLease)
+		if err != nil {
+			return err
+		}
+		e, err := kv.Get(t.Context(), natsx.KeyLeaseLeader)
+		if err != nil {
+			return err
+		}
+		var rec struct {
+			Holder string `json:"holder"`
+		}
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return err
+		}
+		if rec.Holder != "composer-1" && rec.Holder != "composer-2" {
+			return fmt.Errorf("lease held by %q", rec.Holder)
+		}
+		holder = rec.Holder
+		return nil
+	})
+	return holder
+}
+
+// streamLeader names the NATS server leading a stream.
+func streamLeader(t *testing.T, js jetstream.JetStream, stream string) string {
+	t.Helper()
+	s, err := js.Stream(t.Context(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Cluster == nil || !strings.HasPrefix(info.Cluster.Leader, "nats-") {
+		t.Fatalf("stream %s has no leader: %+v", stream, info.Cluster)
+	}
+	if len(info.Cluster.Replicas) != 2 || info.Config.Replicas != 3 {
+		t.Fatalf("stream %s has %d replicas besides its leader, config %d: want R3", stream, len(info.Cluster.Replicas), info.Config.Replicas)
+	}
+	return info.Cluster.Leader
+}
+
+// permissionViolations returns the NATS servers' log lines saying a client
+// was refused something.
+func permissionViolations(t *testing.T, d *deployment) string {
+	t.Helper()
+	var b strings.Builder
+	for _, s := range []string{"nats-0", "nats-1", "nats-2"} {
+		out, err := d.tryCompose(time.Minute, "logs", "--no-color", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, "Permissions Violation") || strings.Contains(line, "Authorization Error") {
+				b.WriteString(line + "\n")
+			}
+		}
+	}
+	return b.String()
+}
+
+// checkLeastPrivilege checks that each service's NATS user reaches only its
+// own buckets and that a node's certificate, of the same CA, is no NATS
+// user at all.
+func checkLeastPrivilege(t *testing.T, url, dir string, catalogJS, composerJS jetstream.JetStream) {
+	t.Helper()
+	refused := func(who string, js jetstream.JetStream, bucket string) {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		if _, err := js.KeyValue(ctx, bucket); err == nil {
+			t.Errorf("the %s's NATS user reads bucket %s", who, bucket)
+		}
+	}
+	refused("composer", composerJS, natsx.BucketCatalogEntries)
+	refused("composer", composerJS, natsx.BucketCatalogModules)
+	refused("catalog", catalogJS, natsx.BucketNodes)
+	refused("catalog", catalogJS, natsx.BucketAssignments)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if nc, _, err := natsx.Connect(ctx, natsConn(url, dir, "node-ace", "node-ace")); err == nil {
+		nc.Close()
+		t.Error("a node's certificate connected to NATS")
+	}
+}
