@@ -48,7 +48,7 @@ lint: tools
 
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ \
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o $(BIN)/ \
 		mesh.dev/services/catalog/cmd/mesh-catalog \
 		mesh.dev/services/signer/cmd/mesh-signer \
 		mesh.dev/services/composer/cmd/mesh-composer \

@@ -55,6 +55,22 @@ func Load(path string) (ed25519.PrivateKey, error) {
 	if fi.Mode().Perm()&0o077 != 0 {
 		return nil, fmt.Errorf("%w: %s has mode %04o, want 0600", ErrLoosePermissions, path, fi.Mode().Perm())
 	}
+	return Parse(path)
+}
+
+// Replace writes a private key to path as PKCS#8 PEM with mode 0600,
+// atomically replacing what is there (an import; Write never replaces).
+func Replace(path string, priv ed25519.PrivateKey) error {
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return fmt.Errorf("encode key: %w", err)
+	}
+	return WriteAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+}
+
+// Parse reads a PKCS#8 PEM ed25519 private key without judging the file's
+// permissions (for importing a key an orchestrator delivered).
+func Parse(path string) (ed25519.PrivateKey, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("key file: %w", err)

@@ -3,6 +3,7 @@
 //
 //	mesh-signer init --signing-key-file FILE      make the online key (0600) and print its public half
 //	mesh-signer serve --config FILE [flags]       serve
+//	mesh-signer import-key --from SRC --to DST    copy a key delivered by an orchestrator to an owner-only file
 //	mesh-signer audit verify --state-dir DIR      check the audit log's hash chain
 package main
 
@@ -18,6 +19,7 @@ import (
 	"syscall"
 
 	"mesh.dev/internal/config"
+	"mesh.dev/internal/envelope"
 	"mesh.dev/internal/keyfile"
 	"mesh.dev/internal/telemetry"
 	typev1 "mesh.dev/proto/mesh/type/v1"
@@ -29,6 +31,7 @@ import (
 const usage = `usage:
   mesh-signer init --signing-key-file FILE
   mesh-signer serve --config FILE [--listen ADDR] [--state-dir DIR] ...
+  mesh-signer import-key --from SRC --to DST
   mesh-signer audit verify --state-dir DIR`
 
 func main() {
@@ -47,6 +50,8 @@ func run(args []string) error {
 		return initKey(args[1:])
 	case "serve":
 		return serve(args[1:])
+	case "import-key":
+		return importKey(args[1:])
 	case "audit":
 		if len(args) < 2 || args[1] != "verify" {
 			return errors.New(usage)
@@ -78,6 +83,31 @@ func initKey(args []string) error {
 		return err
 	}
 	fmt.Printf("key %s written to %s\npublic key for `meshctl keys sign-keyset --key %s` written to %s\n", src.KeyID(), *path, pubPath, pubPath)
+	return nil
+}
+
+// importKey copies a signing key delivered by an orchestrator (a Kubernetes
+// Secret, whose files are group-readable at best) into a file only this
+// user can read, which is what serve demands. The source is checked to be
+// an ed25519 PKCS#8 key; the copy is written atomically with mode 0600.
+func importKey(args []string) error {
+	fs := flag.NewFlagSet("import-key", flag.ContinueOnError)
+	from := fs.String("from", "", "the delivered key file (PKCS#8 PEM)")
+	to := fs.String("to", "", "where serve reads it (written 0600, replaced)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *from == "" || *to == "" {
+		return errors.New("import-key: --from and --to are required")
+	}
+	priv, err := keyfile.Parse(*from)
+	if err != nil {
+		return err
+	}
+	if err := keyfile.Replace(*to, priv); err != nil {
+		return err
+	}
+	fmt.Printf("key %s imported to %s (mode 0600)\n", envelope.KeyID(priv.Public().(ed25519.PublicKey)), *to)
 	return nil
 }
 
