@@ -25,6 +25,7 @@ import (
 	"mesh.dev/internal/natsx"
 	"mesh.dev/internal/pki"
 	"mesh.dev/internal/telemetry"
+	nodeenginev1 "mesh.dev/proto/mesh/nodeengine/v1"
 	catalogapp "mesh.dev/services/catalog/app"
 	composerapp "mesh.dev/services/composer/app"
 	nodeengineapp "mesh.dev/services/nodeengine/app"
@@ -40,8 +41,13 @@ type Options struct {
 	// DataDir holds certificates, keys, JetStream, the signer's state and
 	// each node's root and state; a second start reuses it.
 	DataDir string
-	// Nodes is how many node engines run (default 3), named NodeName(i).
+	// Nodes is how many node engines run, named NodeName(i); zero runs
+	// none (the catalog, signer and composer only: tests that run their
+	// own engines, composer benchmarks). meshctl dev defaults it to 3.
 	Nodes int
+	// NodesDir holds each node's root and state dir (default
+	// DataDir/nodes); benchmarks put it on a tmpfs.
+	NodesDir string
 	// BasePort places the services on fixed loopback ports: catalog
 	// BasePort+1, signer +2, composer +3, engine i +10+i, NATS +22, and
 	// metrics +100... Zero picks free ports (tests).
@@ -53,6 +59,13 @@ type Options struct {
 	SpanExporter sdktrace.SpanExporter
 	// DriftInterval of the engines (default the engine's).
 	DriftInterval time.Duration
+	// LazySync runs the embedded JetStream with the server's default
+	// periodic fsync instead of sync_interval always (DESIGN.md §9's
+	// one-machine default); benchmarks compare the two.
+	LazySync bool
+	// ComposerWorkers is how many nodes the composer composes at once
+	// (default 8).
+	ComposerWorkers int
 }
 
 // NodeName names the i-th node (from 1).
@@ -64,6 +77,13 @@ type Engine struct {
 	Admin string
 	Root  string
 	State string
+	// Status, FirstViews and Changed read the running engine in this
+	// process without the admin API (benchmarks, tests): what GetStatus
+	// and FirstViews answer, and a channel closed at the next change of
+	// its haves.
+	Status     func() *nodeenginev1.GetStatusResponse
+	FirstViews func() *nodeenginev1.FirstViewsResponse
+	Changed    func() <-chan struct{}
 }
 
 // Mesh is a running one-process mesh.
@@ -151,8 +171,11 @@ func Start(ctx context.Context, opts Options) (_ *Mesh, err error) {
 	if opts.DataDir == "" {
 		return nil, errors.New("onebox: no data dir")
 	}
-	if opts.Nodes <= 0 {
-		opts.Nodes = 3
+	if opts.Nodes < 0 {
+		return nil, fmt.Errorf("onebox: %d nodes", opts.Nodes)
+	}
+	if opts.ComposerWorkers <= 0 {
+		opts.ComposerWorkers = 8
 	}
 	if opts.LogOutput == nil {
 		opts.LogOutput = io.Discard
@@ -162,7 +185,12 @@ func Start(ctx context.Context, opts Options) (_ *Mesh, err error) {
 	if err != nil {
 		return nil, err
 	}
-	l := layout{dir: dir}
+	l := layout{dir: dir, nodes: filepath.Join(dir, "nodes")}
+	if opts.NodesDir != "" {
+		if l.nodes, err = filepath.Abs(opts.NodesDir); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -197,12 +225,13 @@ func Start(ctx context.Context, opts Options) (_ *Mesh, err error) {
 		return t, nil
 	}
 
-	// JetStream: an embedded server with sync_interval always.
+	// JetStream: an embedded server with sync_interval always (unless a
+	// benchmark asks for lazy sync).
 	natsPort := 0
 	if opts.BasePort > 0 {
 		natsPort = opts.BasePort + 22
 	}
-	emb, err := natsx.StartEmbedded(natsx.EmbeddedConfig{DataDir: l.nats(), Port: natsPort, SyncAlways: true, ServerName: "meshdev"})
+	emb, err := natsx.StartEmbedded(natsx.EmbeddedConfig{DataDir: l.nats(), Port: natsPort, SyncAlways: !opts.LazySync, ServerName: "meshdev"})
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
@@ -268,7 +297,7 @@ func Start(ctx context.Context, opts Options) (_ *Mesh, err error) {
 	cert, key, ca = l.certFiles(identityOf(identity.RoleComposer, ""))
 	comp, err := composerapp.New(ctx, composerapp.Config{
 		Listen: m.Composer, CertFile: cert, KeyFile: key, CAFile: ca, RootsFile: l.roots(),
-		SignerAddr: m.Signer, CatalogAddr: m.Catalog, Holder: "meshdev", Workers: 8,
+		SignerAddr: m.Signer, CatalogAddr: m.Catalog, Holder: "meshdev", Workers: opts.ComposerWorkers,
 	}, composerapp.Options{Logger: cot.Logger, TracerProvider: cot.TracerProvider, MeterProvider: cot.MeterProvider, JetStream: js, Listener: colis})
 	if err != nil {
 		colis.Close()
@@ -304,7 +333,9 @@ func Start(ctx context.Context, opts Options) (_ *Mesh, err error) {
 			alis.Close()
 			return nil, fmt.Errorf("node engine %s: %w", node, err)
 		}
-		m.Engines = append(m.Engines, Engine{Node: node, Admin: alis.Addr().String(), Root: root, State: state})
+		core := eng.Engine
+		m.Engines = append(m.Engines, Engine{Node: node, Admin: alis.Addr().String(), Root: root, State: state,
+			Status: core.Status, FirstViews: core.FirstViews, Changed: core.Changed})
 		m.run("node engine "+node, eng.Run, runCtx)
 	}
 	sort.Slice(m.Engines, func(i, j int) bool { return m.Engines[i].Node < m.Engines[j].Node })
@@ -325,6 +356,18 @@ func (m *Mesh) Dial(addr string, role identity.Role, name string) (*grpc.ClientC
 // the grpcurl commands meshctl dev prints).
 func (m *Mesh) CertFiles(role identity.Role, name string) (cert, key, ca string) {
 	return m.l.certFiles(identityOf(role, name))
+}
+
+// NodeIdentity makes (once) a certificate of the dev CA for a node engine
+// the mesh does not run itself (a test's child process) and returns its
+// certificate, key and CA files.
+func (m *Mesh) NodeIdentity(node string) (cert, key, ca string, err error) {
+	id := identityOf(identity.RoleNode, node)
+	if err := m.l.ensureCerts([]identity.Identity{id}); err != nil {
+		return "", "", "", err
+	}
+	cert, key, ca = m.l.certFiles(id)
+	return cert, key, ca, nil
 }
 
 // RootsFile is the pinned roots file.

@@ -29,7 +29,8 @@ const TrustDomain = "mesh.dev.local"
 
 // layout names the files under a data dir.
 type layout struct {
-	dir string
+	dir   string
+	nodes string // each node's root and state dir live under it
 }
 
 func (l layout) certs() string      { return filepath.Join(l.dir, "certs") }
@@ -42,7 +43,7 @@ func (l layout) nats() string       { return filepath.Join(l.dir, "nats") }
 func (l layout) signerState() string {
 	return filepath.Join(l.dir, "signer")
 }
-func (l layout) node(name string) string { return filepath.Join(l.dir, "nodes", name) }
+func (l layout) node(name string) string { return filepath.Join(l.nodes, name) }
 
 // certFiles returns the certificate, key and CA files of an identity.
 func (l layout) certFiles(id identity.Identity) (cert, key, ca string) {

@@ -149,6 +149,10 @@ type Options struct {
 	EntryBackoffBase, SyncBackoffBase, SyncBackoffMax time.Duration
 	// Ready is called with the admin API's address once it listens.
 	Ready func(net.Addr)
+	// ServerOptions are passed to the admin API's gRPC server after its
+	// own; their interceptors run inside authorization (tests count
+	// handler calls).
+	ServerOptions []grpc.ServerOption
 }
 
 // Engine is a node engine built from a Config, ready to run.
@@ -292,6 +296,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Engine, err error) {
 	a.server, err = grpcserver.Build(grpcserver.Config{
 		Addr: cfg.AdminListen, TLS: serverTLS, Policy: admin.Policy(a.Node), Logger: log,
 		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider,
+		ServerOptions: opts.ServerOptions,
 	}, admin.New(a.Engine, log).Register)
 	if err != nil {
 		return nil, err

@@ -225,6 +225,9 @@ type Prepared struct {
 	stage []stageItem
 	adopt []adoptItem
 	mods  map[string]*Composition
+	// ways caches what lies on the directories between a prefix and the
+	// declared paths, by absolute path: many paths share them.
+	ways map[string]disk
 }
 
 // Ops returns the planned ops.
@@ -319,6 +322,11 @@ func (a *Applier) CheckPath(p string) *Failure {
 	if hasDotDot(p) {
 		return fail(codePathEscape, "%s escapes with ..", p)
 	}
+	// Only an absolute clean path is planned: "/srv//x" would make Prepare
+	// walk ancestors that never reach the prefix.
+	if err := names.CheckPath("path", p); err != nil {
+		return fail(codePathEscape, "%s is not an absolute clean path", p)
+	}
 	if !a.Within(p) {
 		return fail(codeOutside, "%s is outside the allowed prefixes", p)
 	}
@@ -327,7 +335,7 @@ func (a *Applier) CheckPath(p string) *Failure {
 
 // Prepare plans an apply from the disk and the ledger, writing nothing.
 func (a *Applier) Prepare(plan Plan) *Prepared {
-	p := &Prepared{Failures: map[string]*Failure{}, Notes: map[string][]string{}, mods: map[string]*Composition{}}
+	p := &Prepared{Failures: map[string]*Failure{}, Notes: map[string][]string{}, mods: map[string]*Composition{}, ways: map[string]disk{}}
 	ids := newIDs()
 	want := map[string]*desired{}
 	var order []*desired
@@ -443,10 +451,14 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 			missing = append(missing, anc)
 			continue
 		}
-		dk, err := look(pr.root, anc, false)
-		if err != nil {
-			p.refuse(module, a.lookFailure(r.GetId(), ap, err))
-			return
+		dk, cached := p.ways[ap]
+		if !cached {
+			var err error
+			if dk, err = look(pr.root, anc, false); err != nil {
+				p.refuse(module, a.lookFailure(r.GetId(), ap, err))
+				return
+			}
+			p.ways[ap] = dk
 		}
 		switch {
 		case !dk.exists:

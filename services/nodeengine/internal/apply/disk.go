@@ -11,6 +11,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"mesh.dev/internal/names"
@@ -103,10 +104,24 @@ func hashFile(f *os.File) (string, error) {
 		return "", fmt.Errorf("%s is not a regular file", f.Name())
 	}
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	if _, err := copyBuffered(h, f); err != nil {
 		return "", err
 	}
 	return names.DigestOfSum(h.Sum(nil)), nil
+}
+
+// copyBufs are the buffers of copyBuffered: an apply hashes and copies
+// every file it writes, and a fleet-wide change makes every engine do it at
+// once.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyBuffered is io.Copy through a pooled buffer (io.Copy from an
+// *os.File to a hash allocates one per call).
+func copyBuffered(dst io.Writer, src io.Reader) (int64, error) {
+	buf := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(buf)
+	// Hiding src's WriterTo makes io.CopyBuffer use the buffer.
+	return io.CopyBuffer(dst, struct{ io.Reader }{src}, *buf)
 }
 
 // ids resolves owners and groups to numeric ids, once per pass.

@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 
 	"google.golang.org/protobuf/proto"
@@ -178,7 +180,7 @@ func (a *Applier) keepPrior(it adoptItem) error {
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
 	h := sha256.New()
-	if _, err := io.Copy(io.MultiWriter(tmp, h), f); err != nil {
+	if _, err := copyBuffered(io.MultiWriter(tmp, h), f); err != nil {
 		return err
 	}
 	if got := names.DigestOfSum(h.Sum(nil)); got != it.digest {
@@ -257,8 +259,10 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 	for p, r := range ledger {
 		res.Ledger[p] = r
 	}
+	// Owners and groups are looked up once per apply, not once per op.
+	ids := newIDs()
 	for _, op := range j.Ops {
-		rec, err := a.runOp(op)
+		rec, err := a.runOp(op, ids)
 		res.Ops++
 		if err != nil {
 			m := op.Module
@@ -323,6 +327,57 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 	return res
 }
 
+// TempPrefix starts the name of every temp file or symlink the applier
+// makes beside a path before renaming it into place; no other file is named
+// so.
+const TempPrefix = ".mesh-tmp-"
+
+// SweepTemps removes the temp files and symlinks a stop in the middle of a
+// write left beside the paths of a journal's ops (the replay writes through
+// temp files of its own), so a crash leaves nothing of its own behind.
+func (a *Applier) SweepTemps(j *state.Journal) {
+	dirs := map[string]bool{}
+	for _, op := range j.Ops {
+		dirs[path.Dir(op.Path)] = true
+	}
+	for d := range dirs {
+		pr, rel, ok := a.locate(d)
+		if !ok {
+			continue
+		}
+		f, err := pr.root.Open(rel)
+		if err != nil {
+			continue
+		}
+		entries, err := f.Readdirnames(-1)
+		f.Close()
+		if err != nil {
+			continue
+		}
+		removed := false
+		for _, name := range entries {
+			if !strings.HasPrefix(name, TempPrefix) {
+				continue
+			}
+			p := path.Join(rel, name)
+			fi, err := pr.root.Lstat(p)
+			if err != nil || !(fi.Mode().IsRegular() || fi.Mode()&fs.ModeSymlink != 0) {
+				continue
+			}
+			if err := pr.root.Remove(p); err != nil {
+				a.log.Warn("a temp file a stop left could not be removed", slog.String("path", abs(pr, p)), slog.Any("error", err))
+				continue
+			}
+			removed = true
+		}
+		if removed {
+			if err := syncDir(pr.root, rel); err != nil {
+				a.log.Warn("sync a directory after removing temp files", slog.String("path", d), slog.Any("error", err))
+			}
+		}
+	}
+}
+
 // ClearStage removes staged content no journal needs (call at start when
 // no journal is kept).
 func (a *Applier) ClearStage() {
@@ -345,13 +400,12 @@ func randHex() string {
 var errLeft = errors.New("not what the engine made")
 
 // runOp runs one op and returns the ledger record it leaves (nil: none).
-func (a *Applier) runOp(op state.Op) (*state.LedgerRecord, error) {
+func (a *Applier) runOp(op state.Op, ids *ids) (*state.LedgerRecord, error) {
 	pr, rel, ok := a.locate(op.Path)
 	if !ok {
 		return op.Prev, fmt.Errorf("%s is outside the allowed prefixes", op.Path)
 	}
 	root := pr.root
-	ids := newIDs()
 	owner := func(r *state.LedgerRecord) (int, int, error) {
 		uid, err := ids.user(r.Owner)
 		if err != nil {
@@ -466,7 +520,7 @@ func (a *Applier) writeFile(root *os.Root, rel, src, digest string, mode uint32,
 	}
 	defer in.Close()
 	dir := path.Dir(rel)
-	tmp := path.Join(dir, ".mesh-tmp-"+randHex())
+	tmp := path.Join(dir, TempPrefix+randHex())
 	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
@@ -479,7 +533,7 @@ func (a *Applier) writeFile(root *os.Root, rel, src, digest string, mode uint32,
 		}
 	}()
 	h := sha256.New()
-	if _, err := io.Copy(io.MultiWriter(f, h), in); err != nil {
+	if _, err := copyBuffered(io.MultiWriter(f, h), in); err != nil {
 		return err
 	}
 	if got := names.DigestOfSum(h.Sum(nil)); got != digest {
@@ -565,7 +619,7 @@ func (a *Applier) symlink(root *os.Root, rel, target string, uid, gid int) error
 		return a.meta(root, rel, state.TypeSymlink, 0, uid, gid)
 	}
 	dir := path.Dir(rel)
-	tmp := path.Join(dir, ".mesh-tmp-"+randHex())
+	tmp := path.Join(dir, TempPrefix+randHex())
 	if err := root.Symlink(target, tmp); err != nil {
 		return err
 	}

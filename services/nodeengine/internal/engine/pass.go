@@ -84,15 +84,17 @@ func (e *Engine) Pass(ctx context.Context) {
 	}
 	e.mu.Unlock()
 
+	// The span starts before the entries are asked for, so that an ask
+	// continues the manifest's trace.
+	ctx, span := e.startSpan(ctx, lv)
+	defer span.End()
+
 	needed := picture.Needed(wants, heard)
-	e.need(needed)
+	e.need(ctx, needed)
 	pic := picture.Lay(e.cfg.Node, wants, heard, e.lookupEntry)
 	holds := picture.Holds(e.cfg.Node, wants, pic, e.lookupEntry)
 
 	stale, staleSince := e.judgeStale(lv, ring, now)
-
-	ctx, span := e.startSpan(ctx, lv)
-	defer span.End()
 	attempts, drift, notes := e.applyPass(ctx, lv, ring, wants, holds, stale, now)
 
 	e.mu.Lock()
@@ -135,6 +137,9 @@ func (e *Engine) retryPending(ctx context.Context) {
 
 // replay finishes a journal and takes its result as the kept state.
 func (e *Engine) replay(ctx context.Context, j *state.Journal) {
+	// A stop in the middle of a write left its temp file: the replay
+	// writes through a new one.
+	e.cfg.Applier.SweepTemps(j)
 	res := e.cfg.Applier.Replay(ctx, j, e.ledger, e.cfg.Store)
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -376,13 +381,14 @@ func (e *Engine) keepWantsLocked(wants []*typev1.Want, now time.Time) {
 	}
 }
 
-// need asks for every needed fingerprint, releases the rest and deletes the
-// kept entries nothing needs any more.
-func (e *Engine) need(needed []string) {
+// need asks for every needed fingerprint (an ask continues the trace of
+// ctx), releases the rest and deletes the kept entries nothing needs any
+// more.
+func (e *Engine) need(ctx context.Context, needed []string) {
 	set := map[string]bool{}
 	for _, fp := range needed {
 		set[fp] = true
-		e.cache.Need(fp)
+		e.cache.NeedFrom(ctx, fp)
 	}
 	for _, r := range e.cache.Rows() {
 		if !set[r.Fingerprint] {
@@ -562,6 +568,12 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 				removals = false
 			} else if h, ok := held[m]; ok {
 				out[m] = &outcome{state: stateHeld, code: h.GetCode(), reason: h.GetWords(), want: w}
+				if e.takesOver(c) {
+					// The manifest moves paths to a module that cannot
+					// apply yet: they stay with their owner, so nothing
+					// leaves until the module takes them over.
+					removals = false
+				}
 			} else {
 				inEffect[m] = c
 				continue
@@ -679,6 +691,17 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		e.log.Info("applied", slog.Uint64("revision", meta.Revision), slog.Int("ops", res.Ops), slog.Int("failed_modules", len(res.Failed)))
 	}
 	return out, prep.Drift, prep.Notes
+}
+
+// takesOver reports whether a composition declares a path the ledger holds
+// for another module (a path moving to it).
+func (e *Engine) takesOver(c *apply.Composition) bool {
+	for _, r := range c.Comp.GetResources() {
+		if rec, ok := e.ledger[r.GetPath()]; ok && rec.Module != c.Module {
+			return true
+		}
+	}
+	return false
 }
 
 // recorded reports whether the state already records what a pass without

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -140,22 +141,34 @@ func (c *Cache) Preload(e *catalogv1.Entry, m *typev1.ModuleManifest, since time
 
 // Need returns the state of fp, asking the catalog the first time.
 func (c *Cache) Need(fp string) nodeenginev1.EntryState {
+	return c.NeedFrom(context.Background(), fp)
+}
+
+// NeedFrom is Need whose ask, when it starts one, continues the trace of
+// ctx (the pass of the manifest that first wants fp), so the catalog's
+// answer joins the trace from a registration to the apply it enables. Only
+// the span context is taken: the ask outlives ctx.
+func (c *Cache) NeedFrom(ctx context.Context, fp string) nodeenginev1.EntryState {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if r, ok := c.rows[fp]; ok {
 		return r.State
 	}
-	c.askLocked(fp)
+	c.askLocked(trace.SpanContextFromContext(ctx), fp)
 	return Asked
 }
 
-// askLocked (re)starts asking for fp; c.mu is held.
-func (c *Cache) askLocked(fp string) {
+// askLocked (re)starts asking for fp, as a child of parent when it is
+// valid; c.mu is held.
+func (c *Cache) askLocked(parent trace.SpanContext, fp string) {
 	if old, ok := c.rows[fp]; ok && old.cancel != nil {
 		old.cancel()
 	}
 	c.gen++
 	ctx, cancel := context.WithCancel(c.ctx)
+	if parent.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, parent)
+	}
 	r := &row{Row: Row{Fingerprint: fp, State: Asked, Since: c.cfg.Now()}, gen: c.gen, cancel: cancel}
 	c.rows[fp] = r
 	c.wg.Add(1)
@@ -201,7 +214,7 @@ func (c *Cache) Release(fp string) {
 func (c *Cache) Again(fp string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.askLocked(fp)
+	c.askLocked(trace.SpanContext{}, fp)
 }
 
 // NotFoundMessage is the catalog's exact words for an unknown fingerprint.

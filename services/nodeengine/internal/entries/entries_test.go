@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -125,5 +126,48 @@ func TestNotFoundOnlyOnCodeAndWords(t *testing.T) {
 				t.Error("released row still there")
 			}
 		})
+	}
+}
+
+// tracingCatalog records the span context each GetEntry is called in.
+type tracingCatalog struct {
+	entry *catalogv1.Entry
+	seen  chan trace.SpanContext
+}
+
+func (c *tracingCatalog) GetEntry(ctx context.Context, _ *catalogv1.GetEntryRequest, _ ...grpc.CallOption) (*catalogv1.GetEntryResponse, error) {
+	c.seen <- trace.SpanContextFromContext(ctx)
+	return &catalogv1.GetEntryResponse{Entry: c.entry}, nil
+}
+
+// TestAskContinuesTheTraceOfTheNeed asks the catalog within the trace of
+// the pass that first needed the entry (one trace from a registration to
+// the apply), and in no trace when Need is given none.
+func TestAskContinuesTheTraceOfTheNeed(t *testing.T) {
+	t.Parallel()
+	parent := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6}, TraceFlags: trace.FlagsSampled, Remote: true,
+	})
+	withTrace := entryOf(t, "web")
+	without := entryOf(t, "db")
+	c := &tracingCatalog{seen: make(chan trace.SpanContext, 2)}
+	cache := New(Config{Catalog: c})
+	defer cache.Close()
+
+	c.entry = withTrace
+	ctx, cancel := context.WithCancel(trace.ContextWithSpanContext(context.Background(), parent))
+	if got := cache.NeedFrom(ctx, withTrace.GetFingerprint()); got != Asked {
+		t.Fatalf("NeedFrom = %v", got)
+	}
+	cancel() // the pass ended; the ask goes on
+	if sc := <-c.seen; sc.TraceID() != parent.TraceID() || sc.SpanID() != parent.SpanID() {
+		t.Errorf("GetEntry ran in span context %v/%v, want the pass's %v/%v", sc.TraceID(), sc.SpanID(), parent.TraceID(), parent.SpanID())
+	}
+	wait(t, "answered", func() bool { r, _ := cache.Get(withTrace.GetFingerprint()); return r.State == Answered })
+
+	c.entry = without
+	cache.Need(without.GetFingerprint())
+	if sc := <-c.seen; sc.IsValid() {
+		t.Errorf("GetEntry of a Need without a trace ran in span context %v", sc.TraceID())
 	}
 }
