@@ -3,6 +3,8 @@ package testutil
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
+	"fmt"
 	"testing"
 	"time"
 
@@ -92,4 +94,36 @@ func (tr *Trust) Sign(t testing.TB, pt typev1.PayloadType, m proto.Message) (*ty
 		t.Fatal(err)
 	}
 	return env, digest
+}
+
+// FixedKey returns the ed25519 key derived from a name: the same name gives
+// the same key in every run, so fuzz corpora of signed envelopes committed
+// to testdata keep verifying.
+func FixedKey(name string) ed25519.PrivateKey {
+	seed := sha256.Sum256([]byte("mesh test key " + name))
+	return ed25519.NewKeyFromSeed(seed[:])
+}
+
+// FixedTrust is NewTrust with keys derived from name and times from now (a
+// fixed instant in fuzz tests): the same arguments give the same roots, key
+// and keyset bytes in every run. The keyset is valid from a day before now
+// for a year.
+func FixedTrust(t testing.TB, name string, n, threshold int, now time.Time) *Trust {
+	t.Helper()
+	tr := &Trust{Roots: &typev1.TrustRoots{Threshold: uint32(threshold)}}
+	for i := 0; i < n; i++ {
+		k := FixedKey(fmt.Sprintf("%s root %d", name, i))
+		tr.RootKeys = append(tr.RootKeys, k)
+		pub := k.Public().(ed25519.PublicKey)
+		tr.Roots.Keys = append(tr.Roots.Keys, &typev1.RootKey{Id: envelope.KeyID(pub), PublicKey: pub})
+	}
+	tr.SigningKey = FixedKey(name + " signing")
+	tr.Keyset = &typev1.Keyset{
+		Version:   1,
+		IssuedAt:  timestamppb.New(now.Add(-24 * time.Hour)),
+		ExpiresAt: timestamppb.New(now.Add(365 * 24 * time.Hour)),
+		Keys:      []*typev1.KeysetKey{KeysetKeyOf(tr.SigningKey, typev1.KeyState_KEY_STATE_ACTIVE, now.Add(-24*time.Hour), now.Add(365*24*time.Hour))},
+	}
+	tr.KeysetEnvelope = tr.SignKeyset(t, tr.Keyset, tr.RootKeys...)
+	return tr
 }
