@@ -26,12 +26,17 @@ func init() {
 	register(newCompositionsCmd)
 }
 
-func composerClient() (composerv1.ComposerServiceClient, func(), error) {
-	conn, err := dial(conn.composer)
-	if err != nil {
-		return nil, nil, err
+// withComposer adapts a command body that calls the composer: it dials with
+// the connection flags and closes the connection after.
+func withComposer(run func(cmd *cobra.Command, args []string, c composerv1.ComposerServiceClient) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		cc, err := dial(conn.composer)
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		return run(cmd, args, composerv1.NewComposerServiceClient(cc))
 	}
-	return composerv1.NewComposerServiceClient(conn), func() { conn.Close() }, nil
 }
 
 // enumPrefixes lets spec files say FILE or AUTO instead of the full enum
@@ -90,12 +95,7 @@ func newNodeCmd() *cobra.Command {
 		Use:   "put FILE...",
 		Short: "Create or replace node specs from YAML/JSON files",
 		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := composerClient()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: withComposer(func(cmd *cobra.Command, args []string, c composerv1.ComposerServiceClient) error {
 			for _, f := range args {
 				spec, err := readSpec(f)
 				if err != nil {
@@ -108,34 +108,24 @@ func newNodeCmd() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "node %s at revision %d\n", spec.GetNode(), resp.GetRevision())
 			}
 			return nil
-		},
+		}),
 	}
 	put.Flags().Uint64Var(&expect, "expect-revision", 0, "write only if the spec is at this revision")
 	put.Flags().BoolVar(&create, "create", false, "write only if the node has no spec")
 	get := &cobra.Command{
 		Use: "get NODE", Short: "Print a node spec", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := composerClient()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: withComposer(func(cmd *cobra.Command, args []string, c composerv1.ComposerServiceClient) error {
 			resp, err := c.GetNode(cmd.Context(), &composerv1.GetNodeRequest{Node: args[0]})
 			if err != nil {
 				return err
 			}
 			return printJSON(cmd, resp)
-		},
+		}),
 	}
 	var selector []string
 	ls := &cobra.Command{
 		Use: "ls", Short: "List node specs", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, done, err := composerClient()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: withComposer(func(cmd *cobra.Command, _ []string, c composerv1.ComposerServiceClient) error {
 			sel, err := parseSelector(selector)
 			if err != nil {
 				return err
@@ -157,38 +147,28 @@ func newNodeCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\n", s.GetNode(), labelsString(s.GetLabels()), strings.Join(mods, ","))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	ls.Flags().StringSliceVarP(&selector, "selector", "l", nil, "label selector key=value (repeatable)")
 	rm := &cobra.Command{
 		Use: "rm NODE", Short: "Delete a node spec (its engine is refused from then on)", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := composerClient()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: withComposer(func(cmd *cobra.Command, args []string, c composerv1.ComposerServiceClient) error {
 			if _, err := c.DeleteNode(cmd.Context(), &composerv1.DeleteNodeRequest{Node: args[0]}); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "node %s deleted\n", args[0])
 			return nil
-		},
+		}),
 	}
 	decl := &cobra.Command{
 		Use: "declaration NODE", Short: "Render a node's declaration", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := composerClient()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: withComposer(func(cmd *cobra.Command, args []string, c composerv1.ComposerServiceClient) error {
 			resp, err := c.GetDeclaration(cmd.Context(), &composerv1.GetDeclarationRequest{Node: args[0]})
 			if err != nil {
 				return err
 			}
 			return printJSON(cmd, resp.GetDeclaration())
-		},
+		}),
 	}
 	cmd.AddCommand(put, get, ls, rm, decl)
 	return cmd
@@ -271,12 +251,7 @@ func newPlanCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "plan [NODE...]",
 		Short: "Show what a pass would write for nodes (all, or by name/selector); -f saves the plan for apply",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := composerClient()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: withComposer(func(cmd *cobra.Command, args []string, c composerv1.ComposerServiceClient) error {
 			sel, err := parseSelector(selector)
 			if err != nil {
 				return err
@@ -298,7 +273,7 @@ func newPlanCmd() *cobra.Command {
 				return printJSON(cmd, plan)
 			}
 			return printPlan(cmd, plan)
-		},
+		}),
 	}
 	cmd.Flags().StringSliceVarP(&selector, "selector", "l", nil, "label selector key=value (repeatable)")
 	cmd.Flags().StringVarP(&out, "file", "f", "", "also write the plan to this file (for meshctl apply)")
@@ -310,7 +285,7 @@ func newApplyCmd() *cobra.Command {
 		Use:   "apply PLAN.json",
 		Short: "Commit a saved plan: each node whose inputs did not move; names those that need a new plan",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: withComposer(func(cmd *cobra.Command, args []string, c composerv1.ComposerServiceClient) error {
 			b, err := os.ReadFile(args[0])
 			if err != nil {
 				return err
@@ -319,11 +294,6 @@ func newApplyCmd() *cobra.Command {
 			if err := protojson.Unmarshal(b, plan); err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
-			c, done, err := composerClient()
-			if err != nil {
-				return err
-			}
-			defer done()
 			resp, err := c.Apply(cmd.Context(), &composerv1.ApplyRequest{Nodes: plan.GetNodes()})
 			if err != nil {
 				return err
@@ -345,7 +315,7 @@ func newApplyCmd() *cobra.Command {
 				return errors.New("some nodes were not applied")
 			}
 			return nil
-		},
+		}),
 	}
 }
 
@@ -356,12 +326,7 @@ func newApproveCmd() *cobra.Command {
 		Use:   "approve MODULE DIGEST...",
 		Short: "Let held moves of a module to these composition digests (from plan or holds) go ahead",
 		Args:  cobra.MinimumNArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := composerClient()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: withComposer(func(cmd *cobra.Command, args []string, c composerv1.ComposerServiceClient) error {
 			sel, err := parseSelector(selector)
 			if err != nil {
 				return err
@@ -372,7 +337,7 @@ func newApproveCmd() *cobra.Command {
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "approval %s of %s (%d digests)\n", resp.GetApproval().GetId(), args[0], len(resp.GetApproval().GetDigests()))
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().StringSliceVarP(&selector, "selector", "l", nil, "only nodes with these labels key=value")
 	cmd.Flags().StringVar(&note, "note", "", "why (kept with the approval)")
@@ -384,12 +349,7 @@ func newHoldsCmd() *cobra.Command {
 		Use:   "holds [NODE]",
 		Short: "List held moves and why they are held",
 		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := composerClient()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: withComposer(func(cmd *cobra.Command, args []string, c composerv1.ComposerServiceClient) error {
 			req := &composerv1.ListHoldsRequest{}
 			if len(args) == 1 {
 				req.Node = args[0]
@@ -409,7 +369,7 @@ func newHoldsCmd() *cobra.Command {
 				}
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 }
 
@@ -418,12 +378,7 @@ func newCompositionsCmd() *cobra.Command {
 		Use:   "compositions NODE",
 		Short: "List a node's held compositions with their judgements",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := composerClient()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: withComposer(func(cmd *cobra.Command, args []string, c composerv1.ComposerServiceClient) error {
 			resp, err := c.ListCompositions(cmd.Context(), &composerv1.ListCompositionsRequest{Node: args[0]})
 			if err != nil {
 				return err
@@ -438,6 +393,6 @@ func newCompositionsCmd() *cobra.Command {
 					ci.GetWrittenAt().AsTime().Format("2006-01-02T15:04:05Z"), judgementWord(ci.GetJudgement().GetJudgement()), ci.GetJudgement().GetWords())
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 }

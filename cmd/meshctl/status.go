@@ -28,12 +28,7 @@ run what they should, and a state. --why adds, for every node not converged, eac
 module's wanted and applied fingerprint, the engine's last attempt with its reason
 code and words, held moves with their reasons, and the last compose error.
 --wait prints progress until every listed node converged or --timeout passes.`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := composerClient()
-			if err != nil {
-				return err
-			}
-			defer done()
+		RunE: withComposer(func(cmd *cobra.Command, args []string, c composerv1.ComposerServiceClient) error {
 			fetch := func(ctx context.Context) ([]*composerv1.NodeStatus, error) {
 				resp, err := c.ListStatus(ctx, &composerv1.ListStatusRequest{})
 				if err != nil {
@@ -61,7 +56,7 @@ code and words, held moves with their reasons, and the last compose error.
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			return WaitConverged(ctx, cmd.OutOrStdout(), fetch, len(args), why)
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&why, "why", false, "explain every node that is not converged")
 	cmd.Flags().BoolVar(&wait, "wait", false, "print progress until converged or --timeout")
