@@ -21,6 +21,7 @@ help:
 	@echo "make lint           go vet, buf lint, buf format"
 	@echo "make build          build every binary into ./bin"
 	@echo "make test           go test mesh.dev/..."
+	@echo "make fuzz           run every fuzz target for FUZZTIME each (default 60s)"
 
 $(BIN)/.tools-stamp: tools/go.mod tools/go.sum
 	@mkdir -p $(BIN)
@@ -57,6 +58,32 @@ build:
 
 test: tools
 	$(GO) test -count=1 -timeout 45m mesh.dev/...
+
+# Fuzz targets as package:Target; each also runs over its committed seed
+# corpus (testdata/fuzz/<Target>/) in `make test`. -fuzz takes one package
+# at a time. Minimization is capped so a slow target (a real engine or
+# JetStream per input) spends its time fuzzing.
+FUZZTIME ?= 60s
+FUZZ_TARGETS := \
+	mesh.dev/internal/verify:FuzzKeyset \
+	mesh.dev/internal/verify:FuzzManifest \
+	mesh.dev/internal/verify:FuzzComposition \
+	mesh.dev/internal/lint:FuzzCheckModuleManifest \
+	mesh.dev/internal/lint:FuzzCheckEntry \
+	mesh.dev/internal/lint:FuzzCheckComposition \
+	mesh.dev/internal/lint:FuzzCheckWants \
+	mesh.dev/services/composer/internal/compose:FuzzDeclare \
+	mesh.dev/services/composer/internal/compose:FuzzSplitDeclaration \
+	mesh.dev/services/composer/internal/syncsvc:FuzzSyncRequests \
+	mesh.dev/services/nodeengine/internal/engine:FuzzSyncResponses \
+	mesh.dev/services/nodeengine/internal/apply:FuzzApply
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz $$name ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=10x $$pkg; \
+	done
 
 clean:
 	rm -rf $(BIN)

@@ -272,6 +272,9 @@ func checkTemplate(field, src string) (string, error) {
 	if err != nil {
 		return "", errf(field, "template does not parse: %v", trimTemplateErr(field, err))
 	}
+	if err := checkTemplateWork(field, t); err != nil {
+		return "", err
+	}
 	if t.Tree == nil || t.Tree.Root == nil {
 		// A template that only defines others renders nothing.
 		return "", nil

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 
 	"mesh.dev/internal/authz"
@@ -185,6 +186,9 @@ type Options struct {
 	JetStream jetstream.JetStream
 	// Ready is called with the server's address once it listens.
 	Ready func(net.Addr)
+	// ServerOptions are passed to the gRPC server after its own; their
+	// interceptors run inside authorization (tests count handler calls).
+	ServerOptions []grpc.ServerOption
 }
 
 // Policy is the catalog's authorization table (DESIGN.md §8): builders
@@ -290,6 +294,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Catalog, err error) 
 	c.server, err = grpcserver.Build(grpcserver.Config{
 		Addr: cfg.Listen, TLS: serverTLS, Policy: Policy(), Logger: log,
 		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider,
+		ServerOptions: opts.ServerOptions,
 	}, c.Service.Register)
 	if err != nil {
 		return nil, err

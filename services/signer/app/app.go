@@ -120,6 +120,9 @@ type Options struct {
 	Catalog crosscheck.Catalog
 	// Ready is called with the server's address once it listens.
 	Ready func(net.Addr)
+	// ServerOptions are passed to the gRPC server after its own; their
+	// interceptors run inside authorization (tests count handler calls).
+	ServerOptions []grpc.ServerOption
 }
 
 // Policy is the signer's authorization table: only the composer signs and
@@ -223,6 +226,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Signer, err error) {
 	s.server, err = grpcserver.Build(grpcserver.Config{
 		Addr: cfg.Listen, TLS: serverTLS, Policy: Policy(), Logger: log,
 		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider,
+		ServerOptions: opts.ServerOptions,
 	}, s.Service.Register)
 	if err != nil {
 		return nil, err

@@ -502,7 +502,9 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 		return // made above as a parent of an earlier path, with this record
 	}
 
-	dk, err := look(pr.root, rel, rec.Type == state.TypeFile)
+	// An adopted path is hashed whatever type is declared: its prior
+	// content is kept by digest to be restored later.
+	dk, err := look(pr.root, rel, rec.Type == state.TypeFile || adoption[r.GetPath()])
 	if err != nil {
 		p.refuse(module, a.lookFailure(r.GetId(), r.GetPath(), err))
 		return

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
@@ -219,6 +220,12 @@ func FuzzApply(f *testing.F) {
 		seeds.Add(s.a.p, s.a.typ, s.a.target, s.b.p, s.b.typ, s.b.target, s.c.p, s.c.typ, s.c.target, s.mode, s.content, s.adopt)
 	}
 	f.Fuzz(func(t *testing.T, pa string, ta uint8, xa string, pb string, tb uint8, xb string, pc string, tc uint8, xc string, mode uint32, content []byte, adopt string) {
+		// A panic fails this input, not the whole test binary.
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("panic: %v\n%s", r, debug.Stack())
+			}
+		}()
 		d := newFuzzDisk(t)
 		a, err := New(Config{Root: d.root, Prefixes: fuzzPrefixes, StateDir: d.state, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -11,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"mesh.dev/internal/canonical"
 	"mesh.dev/internal/envelope"
 	"mesh.dev/internal/lint"
 	"mesh.dev/internal/names"
@@ -76,6 +78,19 @@ func (s *Server) signManifests(ctx context.Context, method string, req *signerv1
 	}
 	if ring.Expired(now) {
 		return nil, s.refuse(ctx, method, 0, fmt.Errorf("%w: keyset version %d has expired; load a new one", errPrecondition, ring.Version()))
+	}
+
+	// The size limit is judged before revisions are assigned, with the
+	// largest revision a manifest could get: a refused batch consumes
+	// none.
+	for i, m := range items {
+		largest := &typev1.Manifest{
+			Node: m.GetNode(), Revision: math.MaxUint64, IssuedAt: timestamppb.New(now), ExpiresAt: timestamppb.New(now.Add(s.cfg.ManifestLifetime)),
+			KeysetVersion: ring.Version(), Wants: m.GetWants(), Traceparent: m.GetTraceparent(), Tracestate: m.GetTracestate(),
+		}
+		if n := canonical.Size(largest); n > lint.MaxKVValue/2 {
+			return nil, s.refuse(ctx, method, 0, fmt.Errorf("%w: manifests[%d] (%s) is %d bytes encoded, over %d", errInvalid, i, m.GetNode(), n, lint.MaxKVValue/2))
+		}
 	}
 
 	pre := make([]audit.Item, len(items))

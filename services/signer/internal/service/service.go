@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -217,8 +218,17 @@ func (s *Server) checkOwn(c *typev1.Composition) error {
 		if !under(r.GetPath()) {
 			return fmt.Errorf("resources[%d].path %s (%s) is outside the own prefixes %v", i, r.GetPath(), r.GetId(), s.cfg.OwnPrefixes)
 		}
-		if t := r.GetTarget(); strings.HasPrefix(t, "/") && !under(t) {
-			return fmt.Errorf("resources[%d].target %s (%s) is outside the own prefixes %v", i, t, r.GetId(), s.cfg.OwnPrefixes)
+		if t := r.GetTarget(); t != "" {
+			// A relative target resolves from the link's directory; a
+			// target climbing out with ".." is outside as surely as an
+			// absolute one.
+			resolved := t
+			if !strings.HasPrefix(t, "/") {
+				resolved = path.Join(path.Dir(r.GetPath()), t)
+			}
+			if !under(path.Clean(resolved)) {
+				return fmt.Errorf("resources[%d].target %s (%s) resolves to %s, outside the own prefixes %v", i, t, r.GetId(), path.Clean(resolved), s.cfg.OwnPrefixes)
+			}
 		}
 	}
 	for _, list := range []struct {
