@@ -6,14 +6,11 @@ package app
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -38,8 +35,6 @@ const (
 	DefaultEmbeddedListen = "127.0.0.1:4222"
 	// MetricsOff as metrics_listen serves no metrics.
 	MetricsOff = "off"
-	// MaxReplicas is the largest replica count of a JetStream stream.
-	MaxReplicas = 5
 )
 
 // Background work of a running catalog.
@@ -77,30 +72,9 @@ type Config struct {
 }
 
 // NATSConfig selects JetStream: an embedded server storing in EmbeddedDir
-// (the one-machine default), or an external cluster at URL. Exactly one of
-// the two is set.
-type NATSConfig struct {
-	// EmbeddedDir is the JetStream store of a nats-server the catalog runs
-	// in its own process, with sync_interval always.
-	EmbeddedDir string `yaml:"embedded_dir"`
-	// EmbeddedListen is where that server accepts the other services
-	// (default 127.0.0.1:4222; port 0 picks one). It has no authentication:
-	// keep it on loopback.
-	EmbeddedListen string `yaml:"embedded_listen"`
-	// URL is one or more comma-separated URLs of an external server or
-	// cluster.
-	URL string `yaml:"url"`
-	// CAFile, CertFile and KeyFile turn on TLS to URL (with a client
-	// certificate when given).
-	CAFile   string `yaml:"ca_file"`
-	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
-	// CredsFile is a NATS credentials file.
-	CredsFile string `yaml:"creds_file"`
-	// Replicas of the catalog's buckets and object store: 1 (default) on
-	// one server, 3 on a 3-server cluster.
-	Replicas int `yaml:"replicas"`
-}
+// (the one-machine default; the other services connect to its
+// embedded_listen), or an external cluster at URL.
+type NATSConfig = natsx.ServiceConfig
 
 // Defaults fills in unset optional values.
 func (c *Config) Defaults() {
@@ -110,12 +84,7 @@ func (c *Config) Defaults() {
 	if c.MetricsListen == "" {
 		c.MetricsListen = DefaultMetricsListen
 	}
-	if c.NATS.EmbeddedDir != "" && c.NATS.EmbeddedListen == "" {
-		c.NATS.EmbeddedListen = DefaultEmbeddedListen
-	}
-	if c.NATS.Replicas == 0 {
-		c.NATS.Replicas = 1
-	}
+	c.NATS.Defaults(DefaultEmbeddedListen)
 	if c.UploadIdleTimeout == 0 {
 		c.UploadIdleTimeout = config.Duration(service.DefaultUploadIdleTimeout)
 	}
@@ -134,40 +103,13 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) validateNATS() error {
-	n := c.NATS
-	switch {
-	case n.EmbeddedDir == "" && n.URL == "":
-		return errors.New("config: nats.embedded_dir or nats.url is required")
-	case n.EmbeddedDir != "" && n.URL != "":
-		return errors.New("config: give nats.embedded_dir or nats.url, not both")
-	case n.Replicas < 1 || n.Replicas > MaxReplicas:
-		return fmt.Errorf("config: nats.replicas %d is outside 1..%d", n.Replicas, MaxReplicas)
-	case n.EmbeddedDir != "" && n.Replicas != 1:
-		return fmt.Errorf("config: nats.replicas is %d, but an embedded server holds 1 replica", n.Replicas)
-	case n.EmbeddedDir != "" && (n.CAFile != "" || n.CertFile != "" || n.KeyFile != "" || n.CredsFile != ""):
-		return errors.New("config: nats.ca_file, cert_file, key_file and creds_file are for nats.url, not an embedded server")
-	}
-	if n.EmbeddedDir != "" {
-		if _, _, err := splitHostPort(n.EmbeddedListen); err != nil {
-			return fmt.Errorf("config: nats.embedded_listen: %w", err)
-		}
+	if err := c.NATS.Validate(); err != nil {
+		return err
 	}
 	if d := time.Duration(c.UploadIdleTimeout); d < time.Second || d > time.Hour {
 		return fmt.Errorf("config: upload_idle_timeout %s is outside 1s..1h", d)
 	}
 	return nil
-}
-
-func splitHostPort(addr string) (string, int, error) {
-	host, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", 0, err
-	}
-	port, err := strconv.Atoi(p)
-	if err != nil || port < 0 || port > 65535 {
-		return "", 0, fmt.Errorf("port %q is not 0..65535", p)
-	}
-	return host, port, nil
 }
 
 // Options carry what a caller in the same process provides instead of files
@@ -225,10 +167,10 @@ type Catalog struct {
 	Service *service.Server
 	Store   *store.Store
 
-	server   *grpcserver.Server
-	log      *slog.Logger
-	embedded *natsx.Embedded
-	nc       *nats.Conn
+	server *grpcserver.Server
+	log    *slog.Logger
+	// nats is the JetStream the catalog opened (nil when one was given).
+	nats     *natsx.Opened
 	js       jetstream.JetStream
 	listener net.Listener
 }
@@ -267,9 +209,11 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Catalog, err error) 
 		if err := cfg.validateNATS(); err != nil {
 			return nil, err
 		}
-		if err := c.connect(ctx, cfg.NATS); err != nil {
+		opened, err := cfg.NATS.Connect(ctx, "mesh-catalog", log)
+		if err != nil {
 			return nil, err
 		}
+		c.nats, c.js = opened, opened.JetStream
 	}
 	c.Store, err = store.Open(ctx, c.js, store.Config{
 		Replicas: cfg.NATS.Replicas, EntryCacheBytes: cfg.EntryCacheBytes,
@@ -299,52 +243,23 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Catalog, err error) 
 	if err != nil {
 		return nil, err
 	}
-	log.Info("catalog ready", "replicas", cfg.NATS.Replicas, "nats", c.natsDescription(cfg.NATS, opts.JetStream != nil))
+	where := "in-process connection"
+	if c.nats != nil {
+		where = c.nats.Description
+	}
+	log.Info("catalog ready", "replicas", cfg.NATS.Replicas, "nats", where)
 	return c, nil
-}
-
-// connect starts the embedded server or connects to the external one.
-func (c *Catalog) connect(ctx context.Context, n NATSConfig) error {
-	conn := natsx.ConnConfig{
-		URL: n.URL, Name: "mesh-catalog", CAFile: n.CAFile, CertFile: n.CertFile, KeyFile: n.KeyFile,
-		CredsFile: n.CredsFile, Logger: c.log,
-	}
-	if n.EmbeddedDir != "" {
-		host, port, err := splitHostPort(n.EmbeddedListen)
-		if err != nil {
-			return fmt.Errorf("nats.embedded_listen: %w", err)
-		}
-		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-			c.log.Warn("the embedded NATS server listens beyond loopback and has no authentication", "listen", n.EmbeddedListen)
-		}
-		c.embedded, err = natsx.StartEmbedded(natsx.EmbeddedConfig{
-			DataDir: n.EmbeddedDir, Host: host, Port: port, SyncAlways: true, ServerName: "mesh-catalog",
-			Logger: c.log,
-		})
-		if err != nil {
-			return err
-		}
-		conn.URL, conn.InProcess = "", c.embedded.Server()
-	}
-	var err error
-	c.nc, c.js, err = natsx.Connect(ctx, conn)
-	return err
-}
-
-func (c *Catalog) natsDescription(n NATSConfig, injected bool) string {
-	switch {
-	case injected:
-		return "in-process connection"
-	case c.embedded != nil:
-		return "embedded " + c.embedded.ClientURL() + " storing in " + n.EmbeddedDir
-	}
-	return n.URL
 }
 
 // Embedded returns the embedded NATS server, nil when the catalog connects
 // to another one; the other services of one machine connect to its
 // ClientURL.
-func (c *Catalog) Embedded() *natsx.Embedded { return c.embedded }
+func (c *Catalog) Embedded() *natsx.Embedded {
+	if c.nats == nil {
+		return nil
+	}
+	return c.nats.Embedded
+}
 
 // JetStream returns the catalog's JetStream context.
 func (c *Catalog) JetStream() jetstream.JetStream { return c.js }
@@ -433,12 +348,9 @@ func (c *Catalog) health(ctx context.Context) {
 // Close closes the NATS connection and stops the embedded server. It may be
 // called more than once.
 func (c *Catalog) Close() {
-	if c.nc != nil {
-		c.nc.Close()
-		c.nc = nil
-	}
-	if c.embedded != nil {
-		c.embedded.Shutdown()
+	if c.nats != nil {
+		c.nats.Close()
+		c.nats = nil
 	}
 }
 
