@@ -13,8 +13,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime/debug"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -27,6 +25,7 @@ import (
 	"mesh.dev/internal/identity"
 	"mesh.dev/internal/names"
 	"mesh.dev/internal/pki"
+	"mesh.dev/internal/supervise"
 	"mesh.dev/internal/verify"
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
@@ -325,60 +324,30 @@ func (a *Engine) Close() {
 // supervisor until ctx is done or one of them fails, then closes.
 func (a *Engine) Run(ctx context.Context) error {
 	defer a.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		wg    sync.WaitGroup
-		once  sync.Once
-		first error
-	)
-	run := func(name string, fn func(context.Context) error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := func() (err error) {
-				defer func() {
-					if r := recover(); r != nil {
-						a.log.Error("panic", slog.String("task", name), slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
-						err = fmt.Errorf("%s: panic: %v", name, r)
-					}
-				}()
-				return fn(ctx)
-			}()
-			if err != nil || ctx.Err() == nil {
-				once.Do(func() {
-					if err == nil {
-						err = fmt.Errorf("%s stopped", name)
-					}
-					first = err
-				})
+	err := supervise.Run(ctx,
+		supervise.Task{Name: "passes", Run: a.Engine.Run},
+		supervise.Task{Name: "sync", Run: func(ctx context.Context) error { return syncclient.Run(ctx, a.sync) }},
+		supervise.Task{Name: "admin", Run: func(ctx context.Context) error {
+			if a.lis != nil {
+				if a.ready != nil {
+					a.ready(a.lis.Addr())
+				}
+				return a.server.ServeListener(ctx, a.lis)
 			}
-			cancel()
-		}()
-	}
-	run("passes", a.Engine.Run)
-	run("sync", func(ctx context.Context) error { return syncclient.Run(ctx, a.sync) })
-	run("admin", func(ctx context.Context) error {
-		if a.lis != nil {
+			addr, err := a.server.Listen()
+			if err != nil {
+				return err
+			}
 			if a.ready != nil {
-				a.ready(a.lis.Addr())
+				a.ready(addr)
 			}
-			return a.server.ServeListener(ctx, a.lis)
-		}
-		addr, err := a.server.Listen()
-		if err != nil {
-			return err
-		}
-		if a.ready != nil {
-			a.ready(addr)
-		}
-		return a.server.Serve(ctx)
-	})
-	wg.Wait()
-	if first != nil && !errors.Is(first, context.Canceled) {
-		return first
+			return a.server.Serve(ctx)
+		}},
+	)
+	if err != nil {
+		a.log.Error("node engine stopped", "error", err)
 	}
-	return nil
+	return err
 }
 
 // Run builds the engine and runs it until ctx is done.
