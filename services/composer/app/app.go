@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"mesh.dev/internal/authz"
 	"mesh.dev/internal/config"
@@ -153,6 +154,8 @@ type Composer struct {
 	View       *catalogview.View
 	Trust      *trust.Keeper
 	Hub        *syncsvc.Hub
+	// Sweeper deletes objects no composition names (lease holder only).
+	Sweeper *objects.Sweeper
 
 	cfg      Config
 	log      *slog.Logger
@@ -228,13 +231,13 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 		c.closers = append(c.closers, closeNATS)
 		js = j
 	}
-	if c.Store, err = store.Open(ctx, js, cfg.NATS.ReplicaCount(), time.Duration(cfg.LeaseTTL), natsx.WithTracerProvider(tp)); err != nil {
+	if c.Store, err = store.Open(ctx, js, cfg.NATS.ReplicaCount(), time.Duration(cfg.LeaseTTL), tp); err != nil {
 		return nil, err
 	}
 
 	var signer *signing.Signer
 	c.Lease = lease.New(c.Store.Lease, cfg.Holder, time.Duration(cfg.LeaseTTL), fencer{&signer}, log)
-	signer = signing.New(signerClient, c.Lease.Epoch)
+	signer = signing.New(signerClient, c.Lease.Epoch, tp.Tracer("mesh.dev/services/composer"))
 	c.Trust = trust.New(roots, c.Store, signerClient, log)
 	if err := c.Trust.Load(ctx); err != nil {
 		log.Warn("keyset in the bucket not taken", "error", err)
@@ -247,13 +250,14 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 	})
 	tracer := tp.Tracer("mesh.dev/services/composer")
 	c.Hub = syncsvc.NewHub(c.Store, log)
+	c.Sweeper = objects.New(c.Store, objects.DefaultGrace, log, nil)
 	c.Passer = pass.New(pass.Config{
 		LastSeen: c.Hub.LastSeen,
-		Store: c.Store, Catalog: c.View, Signer: signer, Trust: c.Trust, Lease: c.Lease,
+		Store:    c.Store, Catalog: c.View, Signer: signer, Trust: c.Trust, Lease: c.Lease,
 		LeaseMargin: c.Lease.RenewInterval(), Tracer: tracer, Logger: log,
-		Approvals: approvalsOf{&rec},
+		Approvals: approvalsOf{&rec}, ObjectTouched: c.Sweeper.Touch,
 	})
-	rec = reconcile.New(reconcile.Config{Store: c.Store, Passer: c.Passer, Logger: log, Workers: cfg.Workers,
+	rec = reconcile.New(reconcile.Config{Store: c.Store, Passer: c.Passer, Logger: log, Workers: cfg.Workers, Tracer: tracer,
 		Period: time.Duration(cfg.ReconcilePeriod), OnPass: opts.OnPass, OnNodeDeleted: c.Hub.NodeGone})
 	c.Reconciler = rec
 	c.Trust.OnChange(func(*verify.Keyring) {
@@ -278,6 +282,16 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 	if err != nil {
 		return nil, err
 	}
+	// Sync is served only while the hub's watch is up and current.
+	syncName := composerv1.SyncService_ServiceDesc.ServiceName
+	c.server.Health().SetServingStatus(syncName, healthpb.HealthCheckResponse_NOT_SERVING)
+	c.Hub.OnHealth(func(serving bool) {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if serving {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		c.server.Health().SetServingStatus(syncName, st)
+	})
 	return c, nil
 }
 
@@ -317,6 +331,16 @@ func (c *Composer) lead(ctx context.Context) {
 		}
 		break
 	}
+	// No pass before the catalog view holds every registration and the
+	// watches every spec and approval: a pass on a partial view would hold
+	// modules for want of a registration, or miss an approval.
+	for !c.View.CaughtUp() || !c.Reconciler.Loaded() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	go func() {
 		t := time.NewTicker(30 * time.Second)
 		defer t.Stop()
@@ -331,7 +355,7 @@ func (c *Composer) lead(ctx context.Context) {
 			}
 		}
 	}()
-	go objects.New(c.Store, objects.DefaultGrace, c.log, nil).Run(ctx, time.Hour)
+	go c.Sweeper.Run(ctx, time.Hour)
 	c.Reconciler.Lead(ctx)
 }
 
@@ -353,23 +377,28 @@ func (c *Composer) Serve(ctx context.Context, ready func(net.Addr)) error {
 	err = supervise.Run(ctx,
 		supervise.Task{Name: "catalog watch", Run: c.View.Run},
 		supervise.Task{Name: "store watches", Run: c.Reconciler.Watch},
+		supervise.Task{Name: "judgement records", Run: c.Passer.FollowRecords},
 		supervise.Task{Name: "keyset watch", Run: c.Trust.Watch},
 		supervise.Task{Name: "sync hub", Run: c.Hub.Run},
 		supervise.Task{Name: "lease", Run: func(ctx context.Context) error {
 			defer c.Lease.Release(context.Background())
 			return c.Lease.Run(ctx, c.lead)
 		}},
-		supervise.Task{Name: "grpc server", Run: func(ctx context.Context) error {
-			if c.listener != nil {
-				return c.server.ServeListener(ctx, c.listener)
-			}
-			return c.server.Serve(ctx)
-		}},
+		supervise.Task{Name: "grpc server", Run: c.ServeGRPC},
 	)
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err
+}
+
+// ServeGRPC serves the composer's gRPC API on its listener until ctx is done
+// (Serve runs it beside every other loop).
+func (c *Composer) ServeGRPC(ctx context.Context) error {
+	if c.listener != nil {
+		return c.server.ServeListener(ctx, c.listener)
+	}
+	return c.server.Serve(ctx)
 }
 
 // Run builds the composer and serves until ctx is done.
@@ -380,4 +409,3 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	}
 	return c.Serve(ctx, opts.Ready)
 }
-

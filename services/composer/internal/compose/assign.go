@@ -74,8 +74,10 @@ type Move struct {
 // Decide applies the assigner's policy rules (DESIGN.md §5.3) and returns
 // whether the want moves to the new composition, and when it does not, why:
 // AUTO moves unless the change touches data; MANUAL holds unless SAME or
-// confined to user_list files; PINNED never moves an existing want; an
-// approval lets a held AUTO or MANUAL move (or a PINNED first placement) go.
+// confined to user_list files; PINNED never moves an existing want — not
+// even to a SAME composition, whose fingerprint may run other artifacts —
+// and approvals do not change that; an approval lets a held AUTO or MANUAL
+// move, or a PINNED first placement, go.
 func Decide(m Move) (bool, string) {
 	j := m.Judged.Judgement
 	name := policyName(m.Policy.Policy)
@@ -93,10 +95,6 @@ func Decide(m Move) (bool, string) {
 		}
 		if m.Placed {
 			return held("a first placement until approved")
-		}
-		if j == composerv1.Judgement_JUDGEMENT_SAME {
-			// Nothing the node runs changes; only the label moves.
-			return true, ""
 		}
 		return held(judgementName(j) + " (pinned: change the policy to move)")
 	case typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL:

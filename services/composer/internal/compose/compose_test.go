@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"mesh.dev/internal/lint"
 	"mesh.dev/internal/names"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
@@ -83,6 +84,24 @@ func TestDeclare(t *testing.T) {
 	}
 }
 
+// TestDeclareLargeOwnContent checks that a node's own file over the inline
+// limit is declared: writing moves it to the object store (DESIGN.md §5.2
+// step 1), as it does for a module's.
+func TestDeclareLargeOwnContent(t *testing.T) {
+	t.Parallel()
+	s := spec(t)
+	s.Resources = []*typev1.Resource{{Id: "local:big", Type: file, Path: "/etc/big", Content: &typev1.Resource_Inline{Inline: make([]byte, lint.MaxInlineContent+1)}}}
+	d, err := Declare(s, modulesOf())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range d.GetResources() {
+		if r.GetId() == "local:big" && len(r.GetInline()) != lint.MaxInlineContent+1 {
+			t.Errorf("content %d bytes", len(r.GetInline()))
+		}
+	}
+}
+
 func TestDeclareErrors(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -112,7 +131,7 @@ func TestDeclareErrors(t *testing.T) {
 			big, _ := structpb.NewList(make([]any, 5000))
 			s.Modules[0].Params.Fields["rows"] = structpb.NewListValue(big)
 			m["sshd"].Manifest.Resources[1].Content = text(`{{ range .Params.rows }}{{ range $.Params.rows }}xxxxxxxx{{ end }}{{ end }}`)
-		}, []string{"renders more than"}},
+		}, []string{"resource sshd:config", "template does too much work"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -321,6 +340,11 @@ func TestDecide(t *testing.T) {
 		{"MANUAL moves a user list change", Move{Judged: Judged{Judgement: composerv1.Judgement_JUDGEMENT_CHANGES, UserListOnly: true}, Policy: manual}, true, ""},
 		{"MANUAL moves approved", Move{Judged: j(composerv1.Judgement_JUDGEMENT_CHANGES), Policy: manual, Approved: true}, true, ""},
 		{"PINNED holds even approved", Move{Judged: j(composerv1.Judgement_JUDGEMENT_CHANGES), Policy: pinned, Approved: true}, false, "PINNED"},
+		// SAME resources at another fingerprint may run other artifacts.
+		{"PINNED holds SAME", Move{Judged: j(composerv1.Judgement_JUDGEMENT_SAME), Policy: pinned}, false, "holds SAME"},
+		{"PINNED holds an approved SAME", Move{Judged: j(composerv1.Judgement_JUDGEMENT_SAME), Policy: pinned, Approved: true}, false, "holds SAME"},
+		{"AUTO moves NEW", Move{Judged: j(composerv1.Judgement_JUDGEMENT_NEW), Policy: auto, Placed: true}, true, ""},
+		{"MANUAL holds DATA", Move{Judged: j(composerv1.Judgement_JUDGEMENT_DATA), Policy: manual}, false, "holds DATA until approved"},
 		{"PINNED first placement needs approval", Move{Judged: j(composerv1.Judgement_JUDGEMENT_NEW), Policy: pinned, Placed: true}, false, "first placement"},
 		{"PINNED first placement approved", Move{Judged: j(composerv1.Judgement_JUDGEMENT_NEW), Policy: pinned, Placed: true, Approved: true}, true, ""},
 	}

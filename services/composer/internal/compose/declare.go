@@ -11,7 +11,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"text/template"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -57,33 +57,18 @@ type templateData struct {
 	Params map[string]any
 }
 
-// limitedBuffer refuses to grow past a limit.
-type limitedBuffer struct {
-	bytes.Buffer
-	limit int
-}
-
-var errTooLarge = fmt.Errorf("renders more than %d bytes", MaxRenderedContent)
-
-func (b *limitedBuffer) Write(p []byte) (int, error) {
-	if b.Len()+len(p) > b.limit {
-		return 0, errTooLarge
-	}
-	return b.Buffer.Write(p)
-}
-
-// render executes one template source. Templates get no functions beyond
-// text/template's builtins: nothing that reaches outside the data.
+// render executes one template source through lint.RenderTemplate: no
+// functions that reach outside the data, missing keys are errors, and the
+// work of a template is bounded (range iterations, template calls, the
+// strings it builds and its output), so a hostile template stored before
+// the catalog checked it cannot hang or exhaust a pass.
 func render(name, src string, data *templateData) (string, error) {
-	t, err := template.New(name).Option("missingkey=error").Parse(src)
-	if err != nil {
-		return "", err
+	if !strings.Contains(src, "{{") && len(src) <= MaxRenderedContent {
+		// Text without an action renders as itself; most paths are
+		// such, and a pass renders every resource of every module.
+		return src, nil
 	}
-	buf := &limitedBuffer{limit: MaxRenderedContent}
-	if err := t.Execute(buf, data); err != nil {
-		return "", err
-	}
-	return buf.String(), nil
+	return lint.RenderTemplate(name, src, data, MaxRenderedContent)
 }
 
 func structMap(s *structpb.Struct) map[string]any {
@@ -120,7 +105,7 @@ func Declare(spec *composerv1.NodeSpec, modules map[string]Module) (*composerv1.
 	}
 	for i, r := range spec.GetResources() {
 		r = proto.Clone(r).(*typev1.Resource)
-		if err := lint.CheckResource(fmt.Sprintf("resources[%d]", i), r); err != nil {
+		if err := lint.CheckResource(fmt.Sprintf("resources[%d]", i), inlineChecked(r)); err != nil {
 			return nil, &RenderError{Node: node, Module: r.GetModule(), Resource: r.GetId(), Err: err}
 		}
 		if r.GetModule() != "" && names.ModuleOfID(r.GetId()) != r.GetModule() {
@@ -183,15 +168,20 @@ func renderResource(module string, rt *typev1.ResourceTemplate, data *templateDa
 	case *typev1.ResourceTemplate_Artifact:
 		r.Content = &typev1.Resource_Artifact{Artifact: c.Artifact}
 	}
-	// Inline content over the limit is legal here: writing moves it to the
-	// object store. Everything else must already be a valid resource.
-	check := r
-	if in, ok := r.GetContent().(*typev1.Resource_Inline); ok && len(in.Inline) > lint.MaxInlineContent {
-		check = proto.Clone(r).(*typev1.Resource)
-		check.Content = &typev1.Resource_Inline{}
-	}
-	if err := lint.CheckResource("resource", check); err != nil {
+	if err := lint.CheckResource("resource", inlineChecked(r)); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// inlineChecked returns the resource lint should see: inline content over
+// the limit is legal in a declaration, since writing moves it to the object
+// store (DESIGN.md §5.2 step 1); everything else must already be valid.
+func inlineChecked(r *typev1.Resource) *typev1.Resource {
+	if in, ok := r.GetContent().(*typev1.Resource_Inline); ok && len(in.Inline) > lint.MaxInlineContent {
+		check := proto.Clone(r).(*typev1.Resource)
+		check.Content = &typev1.Resource_Inline{}
+		return check
+	}
+	return r
 }

@@ -98,46 +98,64 @@ func (l *Lease) Epoch() uint64 {
 }
 
 // Run contends for the lease until ctx is done. onAcquire runs (in its own
-// goroutine) with a context cancelled when the lease is lost.
+// goroutine) with a context cancelled when the lease is lost or ctx ends.
+// The holder renews every RenewInterval; a composer without the lease tries
+// again as soon as the holder's key expires (its server timestamp plus the
+// TTL), so a killed holder is replaced within the TTL of its last renewal.
+// When ctx ends the lease is still held until it expires or Release gives
+// it back (a graceful stop releases; a process that dies does not).
 func (l *Lease) Run(ctx context.Context, onAcquire func(ctx context.Context)) error {
 	interval := l.RenewInterval()
 	var tenure context.CancelFunc
+	endTenure := func() {
+		if tenure != nil {
+			tenure()
+			tenure = nil
+		}
+	}
 	lose := func(why string, err error) {
 		l.mu.Lock()
 		was := l.held
 		l.held, l.rev = false, 0
 		l.mu.Unlock()
-		if tenure != nil {
-			tenure()
-			tenure = nil
-		}
+		endTenure()
 		if was {
 			l.log.Warn("composer lease lost", "holder", l.holder, "why", why, "error", err)
 		}
 	}
-	defer lose("shutting down", nil)
-	t := time.NewTicker(interval)
+	defer endTenure()
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		wait := interval
 		if l.Held() {
 			if err := l.renew(ctx); err != nil {
 				lose("renewal failed", err)
+				wait = 0
 			}
-		} else if ok, err := l.acquire(ctx); err != nil {
+		} else if ok, expires, err := l.acquire(ctx); err != nil {
 			l.log.Warn("composer lease: acquire", "error", err)
 		} else if ok {
 			tctx, cancel := context.WithCancel(ctx)
 			tenure = cancel
 			l.log.Info("composer lease taken", "holder", l.holder, "epoch", l.Epoch())
 			go onAcquire(tctx)
+		} else if !expires.IsZero() {
+			// Try again right after the holder's key expires.
+			wait = min(interval, max(time.Until(expires), 0)+expiryMargin)
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+		t.Reset(wait)
 	}
 }
+
+// expiryMargin is how long after a holder's key should have expired a
+// contender tries again: the server's expiry timer needs a moment.
+const expiryMargin = 20 * time.Millisecond
 
 func (l *Lease) value(epoch uint64) []byte {
 	b, _ := json.Marshal(record{Holder: l.holder, Epoch: epoch, Renewed: l.now().UTC(), TTLMilli: l.ttl.Milliseconds()})
@@ -146,7 +164,8 @@ func (l *Lease) value(epoch uint64) []byte {
 
 // acquire creates the lease key when it is absent (expired or released),
 // then fences: the tenure starts only with a fresh epoch.
-func (l *Lease) acquire(ctx context.Context) (bool, error) {
+// When another holds it, it returns when that holder's key expires.
+func (l *Lease) acquire(ctx context.Context) (bool, time.Time, error) {
 	e, err := l.kv.Get(ctx, natsx.KeyLeaseLeader)
 	if err == nil {
 		var r record
@@ -155,18 +174,18 @@ func (l *Lease) acquire(ctx context.Context) (bool, error) {
 			l.holderName = r.Holder
 			l.mu.Unlock()
 		}
-		return false, nil
+		return false, e.Created.Add(l.ttl), nil
 	}
 	if !errors.Is(err, natsx.ErrNotFound) {
-		return false, err
+		return false, time.Time{}, err
 	}
 	start := l.now()
 	rev, err := l.kv.Create(ctx, natsx.KeyLeaseLeader, l.value(0))
 	if errors.Is(err, natsx.ErrConflict) {
-		return false, nil
+		return false, time.Time{}, nil
 	}
 	if err != nil {
-		return false, err
+		return false, time.Time{}, err
 	}
 	fctx, cancel := context.WithTimeout(ctx, l.ttl/3)
 	epoch, err := l.fencer.Fence(fctx, l.holder)
@@ -174,16 +193,16 @@ func (l *Lease) acquire(ctx context.Context) (bool, error) {
 	if err != nil {
 		// Without an epoch nothing can be signed: give the lease back.
 		_ = l.kv.Delete(ctx, natsx.KeyLeaseLeader, natsx.LastRevision(rev))
-		return false, fmt.Errorf("fence: %w", err)
+		return false, time.Time{}, fmt.Errorf("fence: %w", err)
 	}
 	if rev, err = l.kv.Update(ctx, natsx.KeyLeaseLeader, l.value(epoch), rev); err != nil {
-		return false, fmt.Errorf("record epoch: %w", err)
+		return false, time.Time{}, fmt.Errorf("record epoch: %w", err)
 	}
 	l.mu.Lock()
 	l.held, l.rev, l.epoch, l.holderName = true, rev, epoch, l.holder
 	l.expires = start.Add(l.ttl)
 	l.mu.Unlock()
-	return true, nil
+	return true, time.Time{}, nil
 }
 
 func (l *Lease) renew(ctx context.Context) error {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -22,6 +23,11 @@ import (
 // DefaultGrace is how long an object must stay unnamed before it goes.
 const DefaultGrace = 24 * time.Hour
 
+// touchWindow is how long an object a pass made sure of stays safe from
+// the sweep: longer than any pass takes between that check and writing the
+// composition naming it.
+const touchWindow = 10 * time.Minute
+
 // Sweeper marks and sweeps.
 type Sweeper struct {
 	store *store.Store
@@ -30,6 +36,37 @@ type Sweeper struct {
 	now   func() time.Time
 	// marks holds when each unnamed object was first seen unnamed.
 	marks map[string]time.Time
+
+	// sweeping serialises sweeps (a tenure's sweep may overlap the next's).
+	sweeping sync.Mutex
+	mu       sync.Mutex
+	// touched holds when a pass of this process last made sure an object
+	// was held: the composition naming it may not be written yet when the
+	// sweep reads compositions.
+	touched map[string]time.Time
+}
+
+// Touch records that a pass is about to name an object (pass.Config's
+// ObjectTouched).
+func (s *Sweeper) Touch(digest string) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.touched[digest] = now
+	if len(s.touched) > 4096 {
+		for d, at := range s.touched {
+			if now.Sub(at) > touchWindow {
+				delete(s.touched, d)
+			}
+		}
+	}
+}
+
+func (s *Sweeper) touchedSince(digest string, at time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.touched[digest]
+	return ok && !t.Before(at)
 }
 
 // New returns a Sweeper.
@@ -43,7 +80,7 @@ func New(st *store.Store, grace time.Duration, log *slog.Logger, now func() time
 	if now == nil {
 		now = time.Now
 	}
-	return &Sweeper{store: st, grace: grace, log: log, now: now, marks: map[string]time.Time{}}
+	return &Sweeper{store: st, grace: grace, log: log, now: now, marks: map[string]time.Time{}, touched: map[string]time.Time{}}
 }
 
 // Named returns every object digest a held composition names. A value that
@@ -81,8 +118,12 @@ func (s *Sweeper) Named(ctx context.Context) (map[string]bool, error) {
 }
 
 // Sweep marks unnamed objects and deletes those unnamed for the grace
-// period. It returns how many it deleted.
+// period, except one a pass of this process made sure of since shortly
+// before the sweep began. It returns how many it deleted.
 func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
+	s.sweeping.Lock()
+	defer s.sweeping.Unlock()
+	start := s.now()
 	// Objects are listed before compositions are read, so an object put by
 	// a pass during the sweep is either named by what is read or not listed.
 	infos, err := s.store.Objects.List(ctx)
@@ -112,6 +153,11 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 			continue
 		}
 		if now.Sub(first) < s.grace {
+			continue
+		}
+		if s.touchedSince(d, start.Add(-touchWindow)) {
+			// A pass is naming it again; the next sweep sees that.
+			delete(s.marks, d)
 			continue
 		}
 		if err := s.store.Objects.Delete(ctx, d); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {

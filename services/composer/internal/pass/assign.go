@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	"mesh.dev/internal/envelope"
@@ -20,7 +21,7 @@ import (
 // the node's own want always names the new own composition. Every
 // composition a want names must be held; a want whose composition is gone is
 // dropped and said in the hold.
-func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds map[string]*catalogBuild, fpHolds []fpHold) ([]*typev1.Want, []*composerv1.Hold, error) {
+func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds map[string]*catalogBuild, fpHolds []fpHold) ([]*typev1.Want, []*composerv1.Hold, []string, error) {
 	node := st.spec.GetNode()
 	labels := st.spec.GetLabels()
 	approvals := p.cfg.Approvals.Approvals()
@@ -30,6 +31,8 @@ func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds
 	content := map[string]*typev1.Composition{}
 	newWant := map[string]*typev1.Want{}
 	prevWant := map[string]*typev1.Want{}
+	// usedApproval names the approval that let each module's move through.
+	usedApproval := map[string]string{}
 	for _, it := range work {
 		if it.own {
 			w := &typev1.Want{Module: names.NodeModule, CompositionKey: it.key, CompositionDigest: it.digest}
@@ -46,18 +49,23 @@ func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds
 			content[it.key] = it.comp
 			continue
 		}
-		approved := false
+		approvedBy := ""
 		for _, a := range approvals {
 			if compose.Approves(a, m, it.digest, labels) {
-				approved = true
+				approvedBy = a.GetId()
 				break
 			}
 		}
-		move, why := compose.Decide(compose.Move{Module: m, Judged: it.judged, Policy: it.policy, Approved: approved, Placed: prev == nil})
+		move, why := compose.Decide(compose.Move{Module: m, Judged: it.judged, Policy: it.policy, Approved: approvedBy != "", Placed: prev == nil})
 		if move {
 			wants = append(wants, nw)
 			content[it.key] = it.comp
 			newWant[m], prevWant[m] = nw, prev
+			if approvedBy != "" {
+				if again, _ := compose.Decide(compose.Move{Module: m, Judged: it.judged, Policy: it.policy, Placed: prev == nil}); !again {
+					usedApproval[m] = approvedBy
+				}
+			}
 			continue
 		}
 		hold := &composerv1.Hold{Module: m, Fingerprint: nw.GetFingerprint(), CompositionKey: it.key, CompositionDigest: it.digest,
@@ -71,7 +79,7 @@ func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds
 			case errors.Is(err, errNotHeld):
 				hold.Reason += fmt.Sprintf("; the wanted %s (%s) is no longer held, so the module is not wanted until this is approved", prev.GetCompositionKey(), prev.GetCompositionDigest())
 			default:
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 		}
 		holds = append(holds, hold)
@@ -94,11 +102,12 @@ func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds
 						mover = other
 					}
 					if _, moved := newWant[mover]; !moved {
-						return nil, nil, fmt.Errorf("node %s: 2 resources declare %s: in %s and %s", node, r.GetPath(), other, w.GetModule())
+						return nil, nil, nil, fmt.Errorf("node %s: 2 resources declare %s: in %s and %s", node, r.GetPath(), other, w.GetModule())
 					}
 					wants, holds = p.revert(ctx, wants, holds, newWant[mover], prevWant[mover], content,
 						fmt.Sprintf("path %s is still declared by %s", r.GetPath(), keyOfModule(wants, mover, other, w.GetModule())))
 					delete(newWant, mover)
+					delete(usedApproval, mover)
 					conflict = true
 					break
 				}
@@ -114,7 +123,12 @@ func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds
 	}
 	sort.Slice(wants, func(i, j int) bool { return wants[i].GetModule() < wants[j].GetModule() })
 	sort.Slice(holds, func(i, j int) bool { return holds[i].GetModule() < holds[j].GetModule() })
-	return wants, holds, nil
+	var used []string
+	for _, id := range usedApproval {
+		used = append(used, id)
+	}
+	slices.Sort(used)
+	return wants, holds, slices.Compact(used), nil
 }
 
 func keyOfModule(wants []*typev1.Want, mover, a, b string) string {

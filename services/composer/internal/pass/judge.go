@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
 	"mesh.dev/internal/envelope"
@@ -19,17 +23,60 @@ import (
 // another writer replaced under this one.
 const maxFollows = 3
 
+// judging is what judging a node's compositions needs: what the node
+// applied and what each key held before this pass wrote.
+type judging struct {
+	p         *Passer
+	spec      *composerv1.NodeSpec
+	haves     *composerv1.HaveRecord
+	manifests map[string]*typev1.ModuleManifest
+	// before holds what each key held when the pass read it, by key.
+	before       map[string]*typev1.Composition
+	beforeDigest map[string]string
+	// own is the content of the node's applied own composition.
+	own    *typev1.Composition
+	ownRef *composerv1.AppliedRef
+	// mirror says whether the record mirror is current for this pass: 0
+	// not asked yet, 1 yes, 2 no.
+	mirror int
+}
+
+// useMirror reports whether the pass may compare judgement records with
+// the mirror; it asks once per pass.
+func (jc *judging) useMirror(ctx context.Context) bool {
+	if jc.mirror == 0 {
+		jc.mirror = 2
+		if jc.p.mirrorCurrent(ctx) {
+			jc.mirror = 1
+		}
+	}
+	return jc.mirror == 1
+}
+
+func (p *Passer) judging(ctx context.Context, st *nodeState, work []*item, manifests map[string]*typev1.ModuleManifest) *judging {
+	jc := &judging{p: p, spec: st.spec, haves: st.haves, manifests: manifests,
+		before: map[string]*typev1.Composition{}, beforeDigest: map[string]string{}}
+	for _, it := range work {
+		if it.beforeHeld != nil {
+			jc.before[it.key], jc.beforeDigest[it.key] = it.beforeHeld, it.beforeDigest
+		}
+	}
+	jc.ownRef = appliedOf(st.haves, names.NodeModule)
+	jc.own = jc.appliedContent(ctx, jc.ownRef)
+	return jc
+}
+
 // appliedContent returns the content of what the node applied at a key and
 // digest: from the values this pass read before writing when it is the same
 // key, else from the bucket. nil when it is no longer held.
-func (p *Passer) appliedContent(ctx context.Context, ref *composerv1.AppliedRef, before map[string]*typev1.Composition, beforeDigest map[string]string) *typev1.Composition {
+func (jc *judging) appliedContent(ctx context.Context, ref *composerv1.AppliedRef) *typev1.Composition {
 	if ref == nil || ref.GetDigest() == "" {
 		return nil
 	}
-	if c, ok := before[ref.GetKey()]; ok && beforeDigest[ref.GetKey()] == ref.GetDigest() {
+	if c, ok := jc.before[ref.GetKey()]; ok && jc.beforeDigest[ref.GetKey()] == ref.GetDigest() {
 		return c
 	}
-	env, _, _, err := p.cfg.Store.Composition(ctx, ref.GetKey())
+	env, _, _, err := jc.p.cfg.Store.Composition(ctx, ref.GetKey())
 	if err != nil || envelope.Digest(env) != ref.GetDigest() {
 		return nil
 	}
@@ -40,75 +87,57 @@ func (p *Passer) appliedContent(ctx context.Context, ref *composerv1.AppliedRef,
 	return c
 }
 
-// judgeAll judges every composition of the pass against what the node
-// applied and, in Write mode, keeps its judgement record (DESIGN.md §5.2 step
-// 5), following a composition another writer replaced.
-func (p *Passer) judgeAll(ctx context.Context, st *nodeState, work []*item, manifests map[string]*typev1.ModuleManifest, mode Mode, fail func(error)) {
-	node := st.spec.GetNode()
-	// What each key held before this pass wrote, for judging against.
-	before := map[string]*typev1.Composition{}
-	beforeDigest := map[string]string{}
-	for _, it := range work {
-		if it.beforeHeld != nil {
-			before[it.key], beforeDigest[it.key] = it.beforeHeld, it.beforeDigest
-		}
+// judge sets a composition's policy and judges it against what the node
+// applied (DESIGN.md §5.3).
+func (jc *judging) judge(ctx context.Context, it *item) {
+	module := it.comp.GetModule()
+	if it.own {
+		it.policy = compose.Policy{Policy: typev1.UpgradePolicy_UPGRADE_POLICY_AUTO, From: compose.PolicyFromDefault, Why: "the node's own composition always moves"}
+	} else {
+		it.policy = compose.ResolvePolicy(jc.spec, module, jc.manifests[module])
 	}
-	ownRef := appliedOf(st.haves, names.NodeModule)
-	own := p.appliedContent(ctx, ownRef, before, beforeDigest)
-	for _, it := range work {
-		if it.digest == "" {
-			continue
-		}
-		module := it.comp.GetModule()
-		if it.own {
-			it.policy = compose.Policy{Policy: typev1.UpgradePolicy_UPGRADE_POLICY_AUTO, From: compose.PolicyFromDefault, Why: "the node's own composition always moves"}
-		} else {
-			it.policy = compose.ResolvePolicy(st.spec, module, manifests[module])
-		}
-		ref := appliedOf(st.haves, module)
-		it.judged = p.judgeOne(ctx, it.comp, it.digest, ref, before, beforeDigest, own, ownRef)
-		if mode == Plan || it.err != nil {
-			continue
-		}
-		if err := p.keepRecord(ctx, it, ref, before, beforeDigest, own, ownRef); err != nil {
-			it.err = err
-			fail(err)
-		}
-	}
-	_ = node
+	it.judged = jc.judgeOne(ctx, it.comp, it.digest)
 }
 
-func (p *Passer) judgeOne(ctx context.Context, c *typev1.Composition, digest string, ref *composerv1.AppliedRef, before map[string]*typev1.Composition, beforeDigest map[string]string, own *typev1.Composition, ownRef *composerv1.AppliedRef) compose.Judged {
+// judgeOne judges a composition: against the node's applied composition of
+// its module, else against the applied own composition's resources naming
+// the module, else NEW.
+func (jc *judging) judgeOne(ctx context.Context, c *typev1.Composition, digest string) compose.Judged {
 	applied := compose.Applied{}
 	if c.GetModule() == names.NodeModule {
-		if own != nil {
-			applied.Module, applied.ModuleDigest = own, ownRef.GetDigest()
-		} else if ownRef != nil {
-			return lostJudgement(ownRef.GetDigest())
+		if jc.own != nil {
+			applied.Module, applied.ModuleDigest = jc.own, jc.ownRef.GetDigest()
+		} else if jc.ownRef != nil {
+			return lostJudgement(jc.ownRef.GetDigest())
 		}
 		return compose.Judge(c, applied)
 	}
+	ref := appliedOf(jc.haves, c.GetModule())
 	if ref != nil {
 		if ref.GetDigest() == digest {
 			return compose.Judged{Judgement: composerv1.Judgement_JUDGEMENT_SAME, Words: "applied", Against: digest}
 		}
-		content := p.appliedContent(ctx, ref, before, beforeDigest)
+		content := jc.appliedContent(ctx, ref)
 		if content == nil {
 			return lostJudgement(ref.GetDigest())
 		}
 		applied.Module, applied.ModuleDigest = content, ref.GetDigest()
-	} else if own != nil {
-		applied.Own, applied.OwnDigest = own, ownRef.GetDigest()
+	} else if jc.own != nil {
+		applied.Own, applied.OwnDigest = jc.own, jc.ownRef.GetDigest()
 	}
 	return compose.Judge(c, applied)
 }
+
+const lostWords = "the applied composition "
 
 // lostJudgement judges against an applied composition whose content is no
 // longer held: it can only be called a change, so MANUAL still holds it.
 func lostJudgement(digest string) compose.Judged {
 	return compose.Judged{Judgement: composerv1.Judgement_JUDGEMENT_CHANGES,
-		Words: "the applied composition " + digest + " is no longer held; judged a change", Against: digest}
+		Words: lostWords + digest + " is no longer held; judged a change", Against: digest}
 }
+
+func isLost(j compose.Judged) bool { return strings.HasPrefix(j.Words, lostWords) }
 
 func recordOf(digest string, j compose.Judged, pol compose.Policy) *composerv1.JudgementRecord {
 	return &composerv1.JudgementRecord{
@@ -117,73 +146,130 @@ func recordOf(digest string, j compose.Judged, pol compose.Policy) *composerv1.J
 	}
 }
 
-// keepRecord writes the judgement record when it differs, then follows the
-// composition: while the key holds another digest than the one judged, that
-// one is judged and kept instead; after maxFollows the pass fails the key.
-// A key found deleted deletes its record.
-func (p *Passer) keepRecord(ctx context.Context, it *item, ref *composerv1.AppliedRef, before map[string]*typev1.Composition, beforeDigest map[string]string, own *typev1.Composition, ownRef *composerv1.AppliedRef) error {
-	old, rev, err := p.cfg.Store.Record(ctx, it.key)
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		// An undecodable record is replaced like any other difference.
-		if rev == 0 {
-			return fmt.Errorf("%s: read judgement: %w", it.key, err)
+// readRecord reads a judgement record; one that does not decode counts as
+// absent at its revision (it is replaced).
+func (p *Passer) readRecord(ctx context.Context, key string) (*composerv1.JudgementRecord, uint64, error) {
+	old, rev, err := p.cfg.Store.Record(ctx, key)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, 0, nil
+	case err != nil && rev == 0:
+		return nil, 0, fmt.Errorf("%s: read judgement: %w", key, err)
+	case err != nil:
+		return nil, rev, nil
+	}
+	return old, rev, nil
+}
+
+// writeRecord keeps a composition's judgement record (DESIGN.md §5.2 step
+// 5): written (CAS) when it differs from the one held. What is held comes
+// from the record mirror when it is current for this pass, else from a
+// read; the record of a composition that was absent is created without a
+// read (it rarely has one), and read only when the create finds one. It
+// reports whether it wrote.
+func (p *Passer) writeRecord(ctx context.Context, it *item, jc *judging) (bool, error) {
+	ctx, span := p.cfg.Tracer.Start(ctx, "composer.write.judgement", trace.WithAttributes(attribute.String("mesh.key", it.key)))
+	defer span.End()
+	wrote, err := p.writeRecordSpan(ctx, it, jc)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return wrote, err
+}
+
+func (p *Passer) writeRecordSpan(ctx context.Context, it *item, jc *judging) (bool, error) {
+	if !it.recLoaded {
+		switch {
+		case it.absent:
+		case jc.useMirror(ctx) && !isLost(it.judged):
+			// What the mirror holds, current as of this pass: the
+			// revision and a digest of the record.
+			if v, ok := p.records.lookup(it.key); ok {
+				it.recRev, it.recSum = v.rev, v.sum
+			}
+		default:
+			var err error
+			if it.rec, it.recRev, err = p.readRecord(ctx, it.key); err != nil {
+				return false, err
+			}
 		}
-		old = nil
+		it.recLoaded = true
+		// A judgement against content no longer held keeps the record
+		// made while it was.
+		if old := it.rec; old != nil && old.GetDigest() == it.digest && old.GetAgainst() == it.judged.Against && isLost(it.judged) {
+			it.judged = compose.Judged{Judgement: old.GetJudgement(), Words: old.GetWords(), UserListOnly: old.GetUserListOnly(), Against: old.GetAgainst()}
+		}
 	}
-	// A judgement against content no longer held keeps the record that was
-	// made while it was.
-	if old != nil && old.GetDigest() == it.digest && old.GetAgainst() == it.judged.Against &&
-		it.judged.Words != "" && isLost(it.judged) {
-		it.judged = compose.Judged{Judgement: old.GetJudgement(), Words: old.GetWords(), UserListOnly: old.GetUserListOnly(), Against: old.GetAgainst()}
+	want := recordOf(it.digest, it.judged, it.policy)
+	held := func() bool {
+		if it.rec != nil {
+			return proto.Equal(it.rec, want)
+		}
+		return it.recSum != "" && it.recSum == recordSum(want)
 	}
-	digest, comp, judged := it.digest, it.comp, it.judged
+	for attempt := 0; !held(); attempt++ {
+		if attempt > p.cfg.CASRetries {
+			return false, fmt.Errorf("%s: the judgement record changed under this writer %d times; the next pass writes it", it.key, attempt)
+		}
+		next, err := p.cfg.Store.WriteRecord(ctx, it.key, want, it.recRev)
+		if err == nil {
+			it.rec, it.recRev, it.recSum = want, next, ""
+			return true, nil
+		}
+		if !errors.Is(err, store.ErrConflict) {
+			return false, fmt.Errorf("%s: write judgement: %w", it.key, err)
+		}
+		// Another writer recorded first: read theirs and compare again.
+		it.recSum = ""
+		if it.rec, it.recRev, err = p.readRecord(ctx, it.key); err != nil {
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// follow reads a composition again from the stream leader after this pass
+// wrote it or its record: while it holds another digest than the one
+// judged, that one is judged and its record kept instead; after maxFollows
+// the composition fails. A key found deleted deletes its record.
+func (p *Passer) follow(ctx context.Context, it *item, jc *judging) error {
 	for follow := 0; ; follow++ {
-		want := recordOf(digest, judged, it.policy)
-		if old != nil && proto.Equal(old, want) && follow == 0 && !it.differs {
-			return nil
+		if follow > 0 && p.hooks.beforeReread != nil {
+			p.hooks.beforeReread(it.key, follow)
 		}
-		if old == nil || !proto.Equal(old, want) {
-			if rev, err = p.cfg.Store.WriteRecord(ctx, it.key, want, rev); err != nil {
-				if !errors.Is(err, store.ErrConflict) {
-					return fmt.Errorf("%s: write judgement: %w", it.key, err)
-				}
-				// Another writer recorded first: read theirs and go on
-				// following the composition.
-				if old, rev, err = p.cfg.Store.Record(ctx, it.key); err != nil && !errors.Is(err, store.ErrNotFound) {
-					return fmt.Errorf("%s: read judgement: %w", it.key, err)
-				}
-			} else {
-				old = want
-			}
-		}
-		env, _, _, err := p.cfg.Store.Composition(ctx, it.key)
-		if errors.Is(err, store.ErrNotFound) {
-			if derr := p.cfg.Store.Composed.Delete(ctx, it.key); derr != nil && !errors.Is(derr, store.ErrNotFound) {
-				return fmt.Errorf("%s: delete judgement of a deleted composition: %w", it.key, derr)
+		obs := p.observe(ctx, it.key)
+		switch {
+		case obs.err != nil:
+			return fmt.Errorf("%s: re-read: %w", it.key, obs.err)
+		case !obs.value:
+			if err := p.cfg.Store.Composed.Delete(ctx, it.key); err != nil && !errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("%s: delete the judgement of a deleted composition: %w", it.key, err)
 			}
 			return nil
 		}
-		if err != nil {
-			return fmt.Errorf("%s: re-read: %w", it.key, err)
+		var held string
+		if obs.env != nil {
+			held = envelope.Digest(obs.env)
 		}
-		held := envelope.Digest(env)
-		if held == digest {
+		if held == it.digest {
 			return nil
 		}
 		if follow >= maxFollows {
 			return fmt.Errorf("%s moved under this writer %d times; its digest is kept by the next pass", it.key, follow+1)
 		}
-		c, ok := p.verifyHeld(env, it.key, false)
-		if !ok {
-			// Not a composition this pass can judge; the next pass replaces it.
-			return fmt.Errorf("%s was replaced by a value that does not verify; the next pass replaces it", it.key)
+		c, ok := (*typev1.Composition)(nil), false
+		if obs.env != nil {
+			c, ok = p.verifyHeld(obs.env, it.key, false)
 		}
-		digest, comp = held, c
-		judged = p.judgeOne(ctx, comp, digest, ref, before, beforeDigest, own, ownRef)
-		it.digest, it.comp, it.judged = digest, comp, judged
+		if !ok {
+			// Not a composition anyone can judge; the next pass replaces it.
+			return fmt.Errorf("%s was replaced under this writer by a value that does not verify; the next pass replaces it", it.key)
+		}
+		it.digest, it.comp = held, c
+		it.judged = jc.judgeOne(ctx, c, held)
+		if _, err := p.writeRecord(ctx, it, jc); err != nil {
+			return err
+		}
 	}
-}
-
-func isLost(j compose.Judged) bool {
-	return len(j.Words) > 24 && j.Words[:24] == "the applied composition "
 }

@@ -50,11 +50,31 @@ type Config struct {
 	KeepPerModule int
 	// LastSeen, when set, tells when each engine was last heard.
 	LastSeen LastSeen
+	// ObjectTouched, when set, is told of every object digest a pass makes
+	// sure is held, before it checks: the object sweep of this process
+	// keeps an object a pass is about to name.
+	ObjectTouched func(digest string)
 }
 
 // Passer writes nodes.
 type Passer struct {
-	cfg Config
+	cfg      Config
+	hooks    hooks
+	verified verifyCache
+	splits   splitCache
+	records  *recordMirror
+}
+
+// hooks let tests act between the steps of a pass (export_test.go sets
+// them); all are nil outside tests.
+type hooks struct {
+	// beforeSign runs before the compositions of a node are signed.
+	beforeSign func(keys []string)
+	// beforeWrite runs before each CAS attempt of a composition.
+	beforeWrite func(key string, attempt int)
+	// beforeReread runs before the judgement record's follow loop reads
+	// the composition again.
+	beforeReread func(key string, follow int)
 }
 
 // New returns a Passer.
@@ -74,7 +94,7 @@ func New(cfg Config) *Passer {
 	if cfg.KeepPerModule == 0 {
 		cfg.KeepPerModule = 5
 	}
-	return &Passer{cfg: cfg}
+	return &Passer{cfg: cfg, records: newRecordMirror()}
 }
 
 // Mode says whether a pass writes or only plans.
@@ -115,6 +135,9 @@ type Result struct {
 	Manifest  *signerv1.SignedManifest
 	// RenewAt is when the node's manifest is due for renewal.
 	RenewAt time.Time
+	// Waiting is set when a placed module waits for its registered
+	// fingerprint's build to be DONE.
+	Waiting bool
 	// Err joins every error of the pass.
 	Err error
 }
@@ -133,6 +156,11 @@ type nodeState struct {
 	asgRev     uint64
 	haves      *composerv1.HaveRecord
 	havesRev   uint64
+	// listed holds the node's module composition keys (<node>.*.*) that
+	// held a message (value or marker) when the pass began, nil when the
+	// listing failed; written the keys this pass wrote since.
+	listed  map[string]bool
+	written []string
 }
 
 func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
@@ -204,10 +232,23 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	fail := func(err error) {
 		errs = append(errs, err)
 	}
+	// done ends a pass that commits asg (nil: nothing): status and prune
+	// run after every Write pass, even a failing one.
+	done := func(asg *composerv1.Assignment) (*Result, error) {
+		res.Err = errors.Join(errs...)
+		if mode == Write {
+			p.finish(ctx, st, res, asg)
+		}
+		return res, nil
+	}
 
 	modules, fps, manifests, builds, fpHolds, err := p.resolve(ctx, st)
 	if err != nil {
-		return nil, err
+		fail(fmt.Errorf("node %s: %w", node, err))
+		return done(nil)
+	}
+	for _, h := range fpHolds {
+		res.Waiting = res.Waiting || h.waiting
 	}
 	res.Inputs = &composerv1.AssignmentInputs{SpecRevision: st.specRev, Fingerprints: fps, HavesRevision: st.havesRev, AssignmentRevision: st.asgRev}
 	if expect != nil && !sameInputs(expect, res.Inputs) {
@@ -216,16 +257,11 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 			st.specRev, st.havesRev, st.asgRev, fps)
 	}
 
-	decl, err := compose.Declare(st.spec, modules)
+	split, err := p.split(st, fps, modules, manifests)
 	if err != nil {
 		fail(err)
-		res.Err = errors.Join(errs...)
-		if mode == Write {
-			p.finish(ctx, st, res, nil)
-		}
-		return res, nil
+		return done(nil)
 	}
-	split := compose.SplitDeclaration(compose.SplitInput{Declaration: decl, Fingerprints: fps, Manifests: manifests, Runs: decl.GetRuns()})
 	res.Moved = split.Moved
 
 	keys := make([]string, 0, len(split.Compositions))
@@ -237,63 +273,62 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	sort.Strings(keys)
 	keys = append(keys, names.NodeKey(node))
 
-	work, err := p.prepare(ctx, node, st, keys, split.Compositions, mode)
-	if err != nil {
-		return nil, err
+	// One listing of the node's keys by the stream leader serves the compare
+	// (a module key it does not list is absent: no read, and the write is a
+	// Create, which fails should the key appear meanwhile) and the prune.
+	if listed, err := p.cfg.Store.CompositionKeys(ctx, node); err == nil {
+		st.listed = make(map[string]bool, len(listed))
+		for _, k := range listed {
+			st.listed[k] = true
+		}
+	} else {
+		p.cfg.Logger.WarnContext(ctx, "list the node's compositions; reading each", "node", node, "error", err)
 	}
-	moduleFailed := false
-	for _, w := range work {
-		if w.err != nil {
-			fail(w.err)
-			if !w.own {
-				moduleFailed = true
+	work := p.prepare(ctx, node, keys, split.Compositions, st)
+	jc := p.judging(ctx, st, work, manifests)
+	if mode == Write {
+		p.write(ctx, node, work, jc, fail)
+	} else {
+		for _, it := range work {
+			if it.err != nil {
+				fail(it.err)
+				continue
 			}
+			jc.judge(ctx, it)
 		}
 	}
-	if mode == Write {
-		p.writeAll(ctx, node, work, &moduleFailed, fail)
-	}
-	p.judgeAll(ctx, st, work, manifests, mode, fail)
 	for _, w := range work {
 		res.Compositions = append(res.Compositions, &Composition{Key: w.key, Module: w.comp.GetModule(), Digest: w.digest,
 			Judged: w.judged, Policy: w.policy, Written: w.differs, Err: w.err})
 	}
 	if len(errs) > 0 {
-		res.Err = errors.Join(errs...)
-		if mode == Write {
-			p.finish(ctx, st, res, nil)
-		}
-		return res, nil
+		return done(nil)
 	}
 
-	wants, holds, err := p.assign(ctx, st, work, builds, fpHolds)
+	wants, holds, approvals, err := p.assign(ctx, st, work, builds, fpHolds)
 	if err != nil {
 		fail(err)
-		res.Err = errors.Join(errs...)
-		if mode == Write {
-			p.finish(ctx, st, res, nil)
-		}
-		return res, nil
+		return done(nil)
+	}
+	res.Inputs.Approvals = approvals
+	if expect != nil && !slices.Equal(expect.GetApprovals(), approvals) {
+		// An approval the plan counted on went, or a new one lets a move
+		// through that the plan did not show.
+		return res, fmt.Errorf("%w for node %s: planned with approvals %v, now %v", ErrStale, node, expect.GetApprovals(), approvals)
 	}
 	res.Wants, res.Holds = wants, holds
 	changes, resign := p.needsCommit(st, wants, holds, split.Moved)
 	res.Changes = changes || resign
 	if mode == Plan || !res.Changes {
-		if mode == Write {
-			p.finish(ctx, st, res, st.assignment)
-		}
-		return res, nil
+		return done(st.assignment)
 	}
-	asg, err := p.commit(ctx, st, wants, holds, split.Moved, res.Inputs, resign || changes)
+	asg, err := p.commit(ctx, st, wants, holds, split.Moved, res.Inputs, resign)
 	if err != nil {
 		fail(err)
-		res.Err = errors.Join(errs...)
-		p.finish(ctx, st, res, nil)
-		return res, nil
+		return done(nil)
 	}
 	res.Committed = true
-	p.finish(ctx, st, res, asg)
-	return res, nil
+	return done(asg)
 }
 
 func sameInputs(a, b *composerv1.AssignmentInputs) bool {
@@ -316,6 +351,8 @@ func maps2Equal(a, b map[string]string) bool {
 // fpHold is why a placed module does not run at its registered fingerprint.
 type fpHold struct {
 	module, fingerprint, reason string
+	// waiting is set when the build is not DONE yet (it may still be).
+	waiting bool
 }
 
 // resolve picks, for each placed module, the fingerprint the node composes
@@ -338,6 +375,7 @@ func (p *Passer) resolve(ctx context.Context, st *nodeState) (map[string]compose
 		if err != nil {
 			return nil, nil, nil, nil, nil, err
 		}
+		waiting := why != "" && build == nil && rel == nil && names.HasFingerprint(registered) && p.buildPending(ctx, registered)
 		fp := registered
 		if why != "" {
 			prev := wantOf(st.assignment, m)
@@ -352,7 +390,7 @@ func (p *Passer) resolve(ctx context.Context, st *nodeState) (map[string]compose
 					why += "; keeping " + prev.GetFingerprint()
 				}
 			}
-			holds = append(holds, fpHold{module: m, fingerprint: registered, reason: why})
+			holds = append(holds, fpHold{module: m, fingerprint: registered, reason: why, waiting: waiting})
 		}
 		if fp == "" {
 			continue
@@ -363,6 +401,16 @@ func (p *Passer) resolve(ctx context.Context, st *nodeState) (map[string]compose
 		builds[m] = build
 	}
 	return modules, fps, manifests, builds, holds, nil
+}
+
+// buildPending reports whether a fingerprint's build may still become DONE:
+// there is none yet, or it is PENDING.
+func (p *Passer) buildPending(ctx context.Context, fp string) bool {
+	b, err := p.cfg.Catalog.Build(ctx, fp)
+	if errors.Is(err, ErrNoBuild) {
+		return true
+	}
+	return err == nil && b.GetState() == catalogv1.BuildState_BUILD_STATE_PENDING
 }
 
 // catalogBuild is a module's release as the assigner needs it.
@@ -493,8 +541,14 @@ func (p *Passer) commit(ctx context.Context, st *nodeState, wants []*typev1.Want
 	} else {
 		a.Manifest, a.ManifestDigest, a.ManifestRevision, a.ManifestExpiresAt = st.assignment.GetManifest(), st.assignment.GetManifestDigest(), st.assignment.GetManifestRevision(), st.assignment.GetManifestExpiresAt()
 	}
-	if _, err := p.cfg.Store.WriteAssignment(ctx, a, st.asgRev); err != nil {
-		return nil, fmt.Errorf("%s: commit assignment at revision %d: %w", node, st.asgRev, err)
+	wctx, span := p.cfg.Tracer.Start(ctx, "composer.write.assignment", trace.WithAttributes(
+		attribute.String("mesh.node", node), attribute.Int64("mesh.manifest_revision", int64(a.GetManifestRevision()))))
+	defer span.End()
+	if _, err := p.cfg.Store.WriteAssignment(wctx, a, st.asgRev); err != nil {
+		err = fmt.Errorf("%s: commit assignment at revision %d: %w", node, st.asgRev, err)
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		return nil, err
 	}
 	return a, nil
 }
@@ -512,7 +566,12 @@ func (p *Passer) finish(ctx context.Context, st *nodeState, res *Result, asg *co
 	if err := p.writeStatus(ctx, st, res, asg); err != nil {
 		p.cfg.Logger.WarnContext(ctx, "write status", "node", res.Node, "error", err)
 	}
-	if err := p.prune(ctx, res.Node, asg, st.haves); err != nil {
+	for _, c := range res.Compositions {
+		if c.Written && c.Err == nil {
+			st.written = append(st.written, c.Key)
+		}
+	}
+	if err := p.prune(ctx, res.Node, asg, st); err != nil {
 		p.cfg.Logger.WarnContext(ctx, "prune", "node", res.Node, "error", err)
 	}
 }
@@ -528,6 +587,7 @@ func (p *Passer) DeleteNode(ctx context.Context, node string) error {
 	if _, _, err := p.cfg.Store.Spec(ctx, node); err == nil {
 		return nil
 	}
+	p.splits.drop(node)
 	var errs []error
 	del := func(kv interface {
 		Delete(context.Context, string, ...natsx.DeleteOption) error

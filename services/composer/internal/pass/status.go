@@ -13,6 +13,12 @@ import (
 	"mesh.dev/services/composer/internal/store"
 )
 
+// LastSeenEvery is how often a node's last-seen time is persisted in its
+// status (DESIGN.md §6 step 4: kept in memory, persisted at most every 5
+// min), so a node whose engine is connected does not rewrite its status on
+// every pass.
+const LastSeenEvery = 5 * time.Minute
+
 // LastSeen tells when a node's engine was last heard (kept in memory by the
 // Sync streams); zero when unknown here.
 type LastSeen func(node string) time.Time
@@ -32,10 +38,9 @@ func BuildStatus(node string, asg *composerv1.Assignment, haves *composerv1.Have
 			st.LastErrorAt = prev.GetLastErrorAt()
 		}
 	}
-	if !seen.IsZero() {
+	st.LastSeen = prev.GetLastSeen()
+	if !seen.IsZero() && (st.LastSeen == nil || seen.Sub(st.LastSeen.AsTime()) >= LastSeenEvery) {
 		st.LastSeen = timestamppb.New(seen)
-	} else {
-		st.LastSeen = prev.GetLastSeen()
 	}
 	have := map[string]*composerv1.Have{}
 	for _, h := range haves.GetHaves() {

@@ -8,7 +8,9 @@ import (
 	"sort"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
@@ -17,6 +19,7 @@ import (
 	"mesh.dev/internal/lint"
 	"mesh.dev/internal/names"
 	"mesh.dev/internal/natsx"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 	"mesh.dev/services/composer/internal/compose"
 	"mesh.dev/services/composer/internal/store"
@@ -45,8 +48,18 @@ type item struct {
 	beforeDigest string
 	// differs is set when the held value is not this composition.
 	differs bool
+	// absent is set when the key held nothing when the pass read it.
+	absent bool
 	// written is the revision written by this pass.
 	written uint64
+	// rec and recRev are the judgement record held under the key and its
+	// revision (nil, 0: none), once recLoaded.
+	rec       *composerv1.JudgementRecord
+	recRev    uint64
+	recLoaded bool
+	// recSum is the mirror's digest of the record held when its content
+	// was not read.
+	recSum string
 
 	judged compose.Judged
 	policy compose.Policy
@@ -88,9 +101,12 @@ func spill(c *typev1.Composition) (*typev1.Composition, map[string][]byte, map[s
 	return c, objects, owners
 }
 
-// prepare spills, seals and lints each composition, and reads what its key
-// holds.
-func (p *Passer) prepare(ctx context.Context, node string, st *nodeState, keys []string, comps map[string]*typev1.Composition, mode Mode) ([]*item, error) {
+// prepare spills, lints and seals each composition and reads what its key
+// holds from the stream leader (DESIGN.md §5.2 steps 1 and 2) — except a
+// module key the leader's listing of the node's keys did not show, which is
+// absent. A composition that fails a step keeps its error; the others go
+// on.
+func (p *Passer) prepare(ctx context.Context, node string, keys []string, comps map[string]*typev1.Composition, st *nodeState) []*item {
 	work := make([]*item, 0, len(keys))
 	for _, key := range keys {
 		it := &item{key: key, own: key == names.NodeKey(node)}
@@ -106,37 +122,86 @@ func (p *Passer) prepare(ctx context.Context, node string, st *nodeState, keys [
 			continue
 		}
 		it.env, it.digest = env, digest
-		if err := p.readHeld(ctx, it); err != nil {
-			return nil, err
+		var obs observation
+		// The node's own key is outside <node>.*.*: always read.
+		if st.listed == nil || it.own || st.listed[key] {
+			obs = p.observe(ctx, key)
 		}
+		if obs.err != nil {
+			it.err = fmt.Errorf("%w; not written", obs.err)
+			continue
+		}
+		p.hold(it, obs)
 		it.beforeHeld, it.beforeDigest = it.held, it.heldDigest
 		it.differs = it.heldDigest != it.digest
+		it.absent = !obs.value
 	}
-	return work, nil
+	return work
 }
 
-// readHeld reads a key from the stream leader. A value that does not decode
-// or verify counts as present with no content: it is replaced by an Update
-// at its revision. A value signed by a key other than the signer's current
-// one is treated the same way, so rotation re-signs it.
-func (p *Passer) readHeld(ctx context.Context, it *item) error {
-	it.held, it.heldDigest, it.heldRev = nil, "", 0
-	env, rev, _, err := p.cfg.Store.Composition(ctx, it.key)
+// observation is what a key of bucket compositions held when read: a
+// value (at revision rev; env its envelope when it decodes), or nothing.
+type observation struct {
+	value bool
+	rev   uint64
+	env   *typev1.Envelope
+	err   error
+}
+
+// observe reads a key from the stream leader.
+func (p *Passer) observe(ctx context.Context, key string) observation {
+	env, rev, _, err := p.cfg.Store.Composition(ctx, key)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return nil
+		return observation{}
 	case err != nil && rev == 0:
-		return fmt.Errorf("%s: read: %w", it.key, err)
+		return observation{err: fmt.Errorf("%s: read: %w", key, err)}
 	case err != nil:
-		it.heldRev = rev
-		return nil
+		return observation{value: true, rev: rev}
 	}
-	it.heldRev = rev
-	c, ok := p.verifyHeld(env, it.key, true)
-	if !ok {
-		return nil
+	return observation{value: true, rev: rev, env: env}
+}
+
+// hold records an observation as what the key holds. A value that does not
+// decode or verify counts as present with no content: it is replaced by an
+// Update at its revision. A value signed by a key other than the signer's
+// current one is treated the same way, so rotation re-signs it.
+func (p *Passer) hold(it *item, obs observation) {
+	it.held, it.heldDigest, it.heldRev = nil, "", obs.rev
+	if obs.env == nil {
+		return
 	}
-	it.held, it.heldDigest = c, envelope.Digest(env)
+	if envelope.Digest(obs.env) == it.digest {
+		// The very bytes this pass sealed: only the signature is left to
+		// check (the content is this pass's own).
+		if p.signedNow(obs.env) {
+			it.held, it.heldDigest = it.comp, it.digest
+		}
+		return
+	}
+	if c, ok := p.verifyHeld(obs.env, it.key, true); ok {
+		it.held, it.heldDigest = c, envelope.Digest(obs.env)
+	}
+}
+
+// signedNow reports whether an envelope verifies against the keyset and was
+// signed by the key the signer signs with now.
+func (p *Passer) signedNow(env *typev1.Envelope) bool {
+	ring := p.cfg.Trust.Keyring()
+	if ring == nil {
+		return false
+	}
+	keyID, err := p.verified.verify(ring, env, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, p.cfg.Now())
+	return err == nil && keyID == p.cfg.Trust.SigningKeyID()
+}
+
+// readHeld reads what a key holds now (after a CAS conflict).
+func (p *Passer) readHeld(ctx context.Context, it *item) error {
+	obs := p.observe(ctx, it.key)
+	if obs.err != nil {
+		return obs.err
+	}
+	p.hold(it, obs)
 	return nil
 }
 
@@ -148,7 +213,7 @@ func (p *Passer) verifyHeld(env *typev1.Envelope, key string, current bool) (*ty
 	if ring == nil {
 		return nil, false
 	}
-	keyID, err := ring.Verify(env, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, p.cfg.Now())
+	keyID, err := p.verified.verify(ring, env, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, p.cfg.Now())
 	if err != nil || (current && keyID != p.cfg.Trust.SigningKeyID()) {
 		return nil, false
 	}
@@ -162,36 +227,50 @@ func (p *Passer) verifyHeld(env *typev1.Envelope, key string, current bool) (*ty
 	return c, true
 }
 
-// writeAll holds the objects, signs what differs in one batch and writes
-// each with CAS: modules first, the node's own last and only when no module
-// failed.
-func (p *Passer) writeAll(ctx context.Context, node string, work []*item, moduleFailed *bool, fail func(error)) {
+// write carries out steps 1 to 5 of DESIGN.md §5.2 for every composition
+// of a node: the objects of each composition that differs are held, all
+// that differ are signed in one batch, then the modules' compositions are
+// written (CAS) and judged, each keeping its judgement record, and last the
+// node's own — not written when a module's composition of this pass failed.
+func (p *Passer) write(ctx context.Context, node string, work []*item, jc *judging, fail func(error)) {
+	moduleFailed := false
+	failed := func(it *item, err error) {
+		it.err = err
+		fail(err)
+		if !it.own {
+			moduleFailed = true
+		}
+	}
 	var toSign []*item
 	for _, it := range work {
-		if it.err != nil || !it.differs {
+		if it.err != nil {
+			failed(it, it.err)
+			continue
+		}
+		if !it.differs {
 			continue
 		}
 		if err := p.holdObjects(ctx, node, it); err != nil {
-			it.err = err
-			fail(err)
-			if !it.own {
-				*moduleFailed = true
-			}
+			failed(it, err)
 			continue
 		}
 		toSign = append(toSign, it)
 	}
 	if len(toSign) > 0 {
 		comps := make([]*typev1.Composition, len(toSign))
+		keys := make([]string, len(toSign))
 		for i, it := range toSign {
-			comps[i] = it.comp
+			comps[i], keys[i] = it.comp, it.key
+		}
+		if p.hooks.beforeSign != nil {
+			p.hooks.beforeSign(keys)
 		}
 		signed, err := p.cfg.Signer.SignCompositions(ctx, comps)
 		if err != nil {
 			for _, it := range toSign {
 				it.err = fmt.Errorf("%s: sign: %w; not written", it.key, err)
 				if !it.own {
-					*moduleFailed = true
+					moduleFailed = true
 				}
 			}
 			fail(fmt.Errorf("node %s: sign %d compositions: %w", node, len(toSign), err))
@@ -200,43 +279,101 @@ func (p *Passer) writeAll(ctx context.Context, node string, work []*item, module
 		for i, it := range toSign {
 			s := signed[i]
 			if s.GetDigest() != it.digest || !bytes.Equal(s.GetEnvelope().GetPayload(), it.env.GetPayload()) {
-				it.err = fmt.Errorf("%s: the signer returned other bytes than were asked; not written", it.key)
-				fail(it.err)
-				if !it.own {
-					*moduleFailed = true
-				}
+				failed(it, fmt.Errorf("%s: the signer returned other bytes than were asked; not written", it.key))
 				continue
+			}
+			// A signature that does not verify would be refused by every
+			// engine; checking it now also spares the next pass the check.
+			if ring := p.cfg.Trust.Keyring(); ring != nil {
+				if _, err := p.verified.verify(ring, s.GetEnvelope(), typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, p.cfg.Now()); err != nil {
+					failed(it, fmt.Errorf("%s: the signer's signature does not verify (%v); not written", it.key, err))
+					continue
+				}
 			}
 			it.env = s.GetEnvelope()
 		}
 	}
-	for _, it := range work {
-		if it.err != nil || !it.differs || it.env.GetSignatures() == nil {
-			continue
+	// keep writes a composition that differs, keeps its judgement record
+	// and, when it wrote either, reads the composition again and follows
+	// another writer's (step 5).
+	keep := func(it *item) {
+		if it.err != nil {
+			return
 		}
-		if it.own && *moduleFailed {
-			it.err = fmt.Errorf("%s is not written: a module's composition of this pass was not", it.key)
-			fail(it.err)
-			continue
-		}
-		if err := p.cas(ctx, it); err != nil {
-			it.err = err
-			fail(err)
-			if !it.own {
-				*moduleFailed = true
+		if it.differs {
+			if err := p.cas(ctx, it); err != nil {
+				failed(it, err)
+				return
 			}
 		}
+		jc.judge(ctx, it)
+		wrote, err := p.writeRecord(ctx, it, jc)
+		if err != nil {
+			failed(it, err)
+			return
+		}
+		if !wrote && !it.differs {
+			// Nothing written, nothing to follow: the record describes what
+			// compare read.
+			return
+		}
+		if p.hooks.beforeReread != nil {
+			p.hooks.beforeReread(it.key, 0)
+		}
+		if err := p.follow(ctx, it, jc); err != nil {
+			failed(it, err)
+		}
 	}
+	var own *item
+	for _, it := range work {
+		if it.own {
+			own = it
+			continue
+		}
+		keep(it)
+	}
+	if own == nil || own.err != nil {
+		return
+	}
+	if moduleFailed {
+		failed(own, fmt.Errorf("%s is not written: a module's composition of this pass was not", own.key))
+		return
+	}
+	keep(own)
 }
 
-// holdObjects puts every object a composition names into the object store,
-// unless held already. A composition is never written naming an object that
-// is not held.
+// holdObjects makes sure every object a composition names is held in the
+// object store before the composition is signed and written: content this
+// pass moved out of line is put unless held already; an object named
+// otherwise (a node's own resource naming one) must be held. A composition
+// is never written naming an object that is not held.
 func (p *Passer) holdObjects(ctx context.Context, node string, it *item) error {
-	for d, b := range it.objects {
-		info, err := p.cfg.Store.Objects.GetInfo(ctx, d)
-		if err == nil && info.Size == uint64(len(b)) && !info.Deleted {
+	seen := map[string]bool{}
+	for _, r := range it.comp.GetResources() {
+		o := r.GetObject()
+		if o == nil || seen[o.GetDigest()] {
 			continue
+		}
+		d := o.GetDigest()
+		seen[d] = true
+		if p.cfg.ObjectTouched != nil {
+			// Before the check, so a sweep that started earlier keeps it.
+			p.cfg.ObjectTouched(d)
+		}
+		info, err := p.cfg.Store.Objects.GetInfo(ctx, d)
+		if err == nil && !info.Deleted && info.Size == uint64(o.GetSize()) {
+			continue
+		}
+		b, ours := it.objects[d]
+		if !ours {
+			why := "the object store holds no such object"
+			switch {
+			case err != nil && !errors.Is(err, jetstream.ErrObjectNotFound):
+				why = err.Error()
+			case err == nil:
+				why = fmt.Sprintf("the object store holds %d bytes, the resource says %d", info.Size, o.GetSize())
+			}
+			return fmt.Errorf("%s: resource %s: object %s of node %s is not held (%s); not written", it.key, r.GetId(), d, node, why)
 		}
 		if _, err := natsx.PutObject(ctx, p.cfg.Store.Objects, d, bytes.NewReader(b), int64(len(b)), p.cfg.Store.ObjectOptions()...); err != nil {
 			return fmt.Errorf("%s: resource %s: object %s of node %s is not held (%v); not written", it.key, it.objectOwner[d], d, node, err)
@@ -254,6 +391,9 @@ func (p *Passer) cas(ctx context.Context, it *item) error {
 	defer span.End()
 	backoff := 10 * time.Millisecond
 	for attempt := 0; ; attempt++ {
+		if p.hooks.beforeWrite != nil {
+			p.hooks.beforeWrite(it.key, attempt)
+		}
 		rev, err := p.cfg.Store.WriteComposition(ctx, it.key, it.env, it.heldRev)
 		if err == nil {
 			it.written = rev
@@ -261,10 +401,14 @@ func (p *Passer) cas(ctx context.Context, it *item) error {
 		}
 		if !errors.Is(err, store.ErrConflict) {
 			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
 			return fmt.Errorf("%s: write: %w; not written", it.key, err)
 		}
 		if attempt >= p.cfg.CASRetries {
-			return fmt.Errorf("%s: write conflicted %d times: %w; not written", it.key, attempt+1, err)
+			err = fmt.Errorf("%s: write conflicted %d times: %w; not written", it.key, attempt+1, err)
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+			return err
 		}
 		select {
 		case <-ctx.Done():
@@ -273,9 +417,10 @@ func (p *Passer) cas(ctx context.Context, it *item) error {
 		}
 		backoff *= 2
 		if err := p.readHeld(ctx, it); err != nil {
-			return err
+			return fmt.Errorf("%w; not written", err)
 		}
 		if it.heldDigest == it.digest {
+			// Another writer wrote this very composition.
 			return nil
 		}
 	}

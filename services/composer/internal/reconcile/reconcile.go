@@ -19,7 +19,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/protobuf/proto"
 
 	"mesh.dev/internal/telemetry"
@@ -44,7 +46,10 @@ type Config struct {
 	// OnNodeDeleted, when set, is called when a node's spec is deleted
 	// (the Sync streams of the node end).
 	OnNodeDeleted func(node string)
-	Now    func() time.Time
+	Now           func() time.Time
+	// Tracer makes a "composer.pass" span for each change that queues
+	// passes; each node's pass continues its trace.
+	Tracer trace.Tracer
 }
 
 // task is a pending pass of one node: why, and the trace it continues.
@@ -67,6 +72,9 @@ type Reconciler struct {
 	dirty   map[string]task
 	wake    chan struct{}
 	leading bool
+	// specsLoaded and approvalsLoaded are set once the watches delivered
+	// what the buckets held when they started.
+	specsLoaded, approvalsLoaded bool
 
 	specs     map[string]*composerv1.NodeSpec
 	approvals map[string]*composerv1.Approval
@@ -88,6 +96,9 @@ func New(cfg Config) *Reconciler {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Tracer == nil {
+		cfg.Tracer = noop.NewTracerProvider().Tracer("")
+	}
 	return &Reconciler{cfg: cfg, pending: map[string]task{}, running: map[string]bool{}, dirty: map[string]task{},
 		wake: make(chan struct{}, 1), specs: map[string]*composerv1.NodeSpec{}, haves: map[string]*composerv1.HaveRecord{},
 		approvals: map[string]*composerv1.Approval{},
@@ -96,8 +107,23 @@ func New(cfg Config) *Reconciler {
 
 // Enqueue asks for a pass of a node, continuing the trace of ctx.
 func (r *Reconciler) Enqueue(ctx context.Context, node, reason string) {
+	r.fanOut(ctx, reason, []string{node})
+}
+
+// fanOut queues passes of nodes for one reason inside a "composer.pass" span
+// continuing the trace of ctx (the change that caused them): each node's
+// pass is a child of it.
+func (r *Reconciler) fanOut(ctx context.Context, reason string, nodes []string) {
+	if len(nodes) == 0 {
+		return
+	}
+	ctx, span := r.cfg.Tracer.Start(ctx, "composer.pass", trace.WithAttributes(
+		attribute.String("mesh.reason", reason), attribute.Int("mesh.nodes", len(nodes))))
 	tp, ts := telemetry.Traceparent(ctx)
-	r.enqueue(node, task{reason: reason, traceparent: tp, tracestate: ts})
+	for _, node := range nodes {
+		r.enqueue(node, task{reason: reason, traceparent: tp, tracestate: ts})
+	}
+	span.End()
 }
 
 func (r *Reconciler) enqueue(node string, t task) {
@@ -127,10 +153,8 @@ func (r *Reconciler) Pending() int {
 // ModuleChanged queues every node placing a module, continuing the
 // registration's trace.
 func (r *Reconciler) ModuleChanged(reg *catalogv1.Registration) {
-	t := task{reason: "module " + reg.GetModule() + " registered at " + reg.GetFingerprint(), traceparent: reg.GetTraceparent(), tracestate: reg.GetTracestate()}
-	for _, node := range r.nodesPlacing(reg.GetModule()) {
-		r.enqueue(node, t)
-	}
+	ctx := telemetry.ContextWithTraceparent(context.Background(), reg.GetTraceparent(), reg.GetTracestate())
+	r.fanOut(ctx, "module "+reg.GetModule()+" registered at "+reg.GetFingerprint(), r.nodesPlacing(reg.GetModule()))
 }
 
 func (r *Reconciler) nodesPlacing(module string) []string {
@@ -147,6 +171,15 @@ func (r *Reconciler) nodesPlacing(module string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Loaded reports whether the spec and approval watches have delivered what
+// their buckets held when they started: before that a pass could miss an
+// approval, and the full reconcile a node.
+func (r *Reconciler) Loaded() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.specsLoaded && r.approvalsLoaded
 }
 
 // Nodes returns every node with a spec.
@@ -188,6 +221,9 @@ func (r *Reconciler) watchSpecs(ctx context.Context) error {
 	defer w.Stop()
 	for e := range w.Updates() {
 		if e == nil {
+			r.mu.Lock()
+			r.specsLoaded = true
+			r.mu.Unlock()
 			continue
 		}
 		node := e.Key
@@ -245,6 +281,9 @@ func (r *Reconciler) watchApprovals(ctx context.Context) error {
 	for e := range w.Updates() {
 		if e == nil {
 			initial = false
+			r.mu.Lock()
+			r.approvalsLoaded = true
+			r.mu.Unlock()
 			continue
 		}
 		a := &composerv1.Approval{}
@@ -263,10 +302,7 @@ func (r *Reconciler) watchApprovals(ctx context.Context) error {
 		if initial {
 			continue
 		}
-		tctx := e.TraceContext(context.Background())
-		for _, node := range r.nodesPlacing(a.GetModule()) {
-			r.Enqueue(tctx, node, "approval "+a.GetId()+" of module "+a.GetModule())
-		}
+		r.fanOut(e.TraceContext(context.Background()), "approval "+a.GetId()+" of module "+a.GetModule(), r.nodesPlacing(a.GetModule()))
 	}
 	if ctx.Err() != nil {
 		return nil
@@ -276,7 +312,8 @@ func (r *Reconciler) watchApprovals(ctx context.Context) error {
 
 // needsPass reports whether a new haves record calls for a pass (DESIGN.md
 // §6 step 4): an applied digest changed, or an attempt failed for a digest or
-// signature reason or a revision conflict.
+// signature reason or a revision conflict. Other attempt changes only change
+// the node's status.
 func needsPass(old, next *composerv1.HaveRecord) bool {
 	applied := map[string]string{}
 	for _, h := range old.GetHaves() {
@@ -295,13 +332,27 @@ func needsPass(old, next *composerv1.HaveRecord) bool {
 			}
 		}
 	}
-	if len(applied) > 0 {
-		return true
-	}
-	if next.GetHighWater() > old.GetHighWater() && old != nil {
+	return len(applied) > 0
+}
+
+// reported is the highest manifest revision an engine reported.
+func reported(h *composerv1.HaveRecord) uint64 {
+	return max(h.GetHighWater(), h.GetApplied().GetRevision())
+}
+
+// aboveHeld reports whether an engine reported a manifest revision above the
+// node's held manifest: the lease holder then re-signs above it at once
+// (DESIGN.md §6 step 4).
+func (r *Reconciler) aboveHeld(ctx context.Context, node string, h *composerv1.HaveRecord) bool {
+	if reported(h) == 0 {
 		return false
 	}
-	return false
+	a, _, err := r.cfg.Store.Assignment(ctx, node)
+	if err != nil {
+		// No assignment yet, or it cannot be read: the pass decides.
+		return true
+	}
+	return reported(h) > a.GetManifestRevision()
 }
 
 func (r *Reconciler) watchHaves(ctx context.Context) error {
@@ -310,8 +361,13 @@ func (r *Reconciler) watchHaves(ctx context.Context) error {
 		return err
 	}
 	defer w.Stop()
+	initial := true
 	for e := range w.Updates() {
-		if e == nil || e.Op != jetstream.KeyValuePut {
+		if e == nil {
+			initial = false
+			continue
+		}
+		if e.Op != jetstream.KeyValuePut {
 			continue
 		}
 		rec := &composerv1.HaveRecord{}
@@ -320,16 +376,23 @@ func (r *Reconciler) watchHaves(ctx context.Context) error {
 		}
 		r.mu.Lock()
 		old, known := r.haves[e.Key]
+		// A record written after the watch caught up is a change even
+		// when it is the node's first.
+		known = known || !initial
 		r.haves[e.Key] = rec
 		leading := r.leading
+		_, placed := r.specs[e.Key]
 		r.mu.Unlock()
 		tctx := e.TraceContext(context.Background())
 		switch {
+		case !placed:
+		case known && needsPass(old, rec):
+			r.Enqueue(tctx, e.Key, "engine reported a change")
+		case (!known || reported(rec) > reported(old)) && r.aboveHeld(ctx, e.Key, rec):
+			r.Enqueue(tctx, e.Key, "engine reported a manifest revision above the held one")
 		case !known:
 			// The first record seen after a start: the full reconcile
 			// covers it.
-		case needsPass(old, rec):
-			r.Enqueue(tctx, e.Key, "engine reported a change")
 		case leading:
 			if err := r.cfg.Passer.RefreshStatus(tctx, e.Key); err != nil {
 				r.cfg.Logger.Warn("refresh status", "node", e.Key, "error", err)
@@ -353,9 +416,7 @@ func (r *Reconciler) Lead(ctx context.Context) {
 		r.leading = false
 		r.mu.Unlock()
 	}()
-	for _, n := range r.Nodes() {
-		r.enqueue(n, task{reason: "full reconcile on taking the lease"})
-	}
+	r.fanOut(ctx, "full reconcile on taking the lease", r.Nodes())
 	var wg sync.WaitGroup
 	for i := 0; i < r.cfg.Workers; i++ {
 		wg.Add(1)
@@ -390,9 +451,8 @@ func (r *Reconciler) visitDue() {
 		}
 	}
 	r.mu.Unlock()
-	for _, n := range due {
-		r.enqueue(n, task{reason: "periodic visit"})
-	}
+	slices.Sort(due)
+	r.fanOut(context.Background(), "periodic visit", due)
 }
 
 func (r *Reconciler) next(ctx context.Context) (string, task, bool) {
@@ -439,17 +499,24 @@ func (r *Reconciler) work(ctx context.Context) {
 	}
 }
 
-// scheduleLocked sets a node's next visit: the spread full reconcile, or the
-// manifest's renewal time when sooner, or a retry after a failure.
+// retryAfter is how soon, on average, a node is visited again after a
+// failed pass or while a registered fingerprint waits for its build.
+const retryAfter = 30 * time.Second
+
+// scheduleLocked sets a node's next visit: the full reconcile, at a random
+// point of the second half of the period so the fleet's visits spread out;
+// the manifest's renewal time when sooner; and soon, with jitter, after a
+// failure or while a module waits for its registered fingerprint's build to
+// be DONE (no catalog change announces that).
 func (r *Reconciler) scheduleLocked(node string, res *pass.Result, err error) {
 	now := r.cfg.Now()
 	next := now.Add(time.Duration(float64(r.cfg.Period) * (0.5 + 0.5*rand.Float64())))
 	if res != nil && !res.RenewAt.IsZero() && res.RenewAt.Before(next) {
 		next = res.RenewAt
 	}
-	if err != nil || res == nil || res.Err != nil {
-		// A failed pass is retried soon, with jitter, not at once.
-		next = now.Add(time.Duration(float64(30*time.Second) * (0.5 + rand.Float64())))
+	soon := now.Add(time.Duration(float64(retryAfter) * (0.5 + rand.Float64())))
+	if (err != nil || res == nil || res.Err != nil || res.Waiting) && soon.Before(next) {
+		next = soon
 	}
 	r.nextVisit[node] = next
 }

@@ -9,9 +9,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/protobuf/proto"
 
 	"mesh.dev/internal/natsx"
@@ -39,6 +45,10 @@ type Store struct {
 	Objects      jetstream.ObjectStore
 	js           jetstream.JetStream
 	opts         []natsx.Option
+	tracer       trace.Tracer
+	// compositions is the stream behind bucket compositions, for the
+	// listings and lookups natsx.KV does not offer.
+	compositions jetstream.Stream
 }
 
 // composerBuckets are the KV buckets the composer owns.
@@ -50,8 +60,12 @@ var composerBuckets = map[string]bool{
 
 // Open creates (or updates) the composer's buckets with the settings of
 // DESIGN.md §9 and returns the store.
-func Open(ctx context.Context, js jetstream.JetStream, replicas int, leaseTTL time.Duration, opts ...natsx.Option) (*Store, error) {
-	s := &Store{js: js, opts: opts}
+func Open(ctx context.Context, js jetstream.JetStream, replicas int, leaseTTL time.Duration, tp trace.TracerProvider, opts ...natsx.Option) (*Store, error) {
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	s := &Store{js: js, opts: append(opts, natsx.WithTracerProvider(tp)), tracer: tp.Tracer(natsx.TracerName)}
+	opts = s.opts
 	kvs := map[string]*natsx.KV{}
 	for _, spec := range natsx.Buckets(replicas) {
 		if !composerBuckets[spec.Bucket] {
@@ -78,7 +92,105 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int, leaseTTL ti
 	s.Nodes, s.Approvals, s.Assignments = kvs[natsx.BucketNodes], kvs[natsx.BucketApprovals], kvs[natsx.BucketAssignments]
 	s.Compositions, s.Composed, s.Haves = kvs[natsx.BucketCompositions], kvs[natsx.BucketComposed], kvs[natsx.BucketHaves]
 	s.Status, s.Keysets, s.Lease = kvs[natsx.BucketStatus], kvs[natsx.BucketKeysets], lease
+	if s.compositions, err = js.Stream(ctx, "KV_"+natsx.BucketCompositions); err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", natsx.BucketCompositions, err)
+	}
 	return s, nil
+}
+
+const compositionsPrefix = "$KV." + natsx.BucketCompositions + "."
+
+func (s *Store) span(ctx context.Context, op, key string) (context.Context, trace.Span) {
+	return s.tracer.Start(ctx, op+" "+natsx.BucketCompositions, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("kv.bucket", natsx.BucketCompositions), attribute.String("kv.key", key)))
+}
+
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// CompositionKeys lists the keys <node>.*.* of bucket compositions that hold
+// a message — a value or a delete marker — sorted. It asks the stream for
+// its subjects in one request: listing with a watcher would create and
+// delete a consumer on every pass.
+func (s *Store) CompositionKeys(ctx context.Context, node string) (_ []string, err error) {
+	ctx, span := s.span(ctx, "kv.list_subjects", node+".*.*")
+	defer func() { endSpan(span, err) }()
+	info, err := s.compositions.Info(ctx, jetstream.WithSubjectFilter(compositionsPrefix+node+".*.*"))
+	if err != nil {
+		return nil, fmt.Errorf("kv %s: list subjects %s.*.*: %w", natsx.BucketCompositions, node, natsx.MapError(err))
+	}
+	keys := make([]string, 0, len(info.State.Subjects))
+	for subj := range info.State.Subjects {
+		keys = append(keys, strings.TrimPrefix(subj, compositionsPrefix))
+	}
+	slices.Sort(keys)
+	return keys, nil
+}
+
+// CompositionMeta returns the last message of a composition key, marker or
+// not, without decoding it: revision, server timestamp and operation.
+func (s *Store) CompositionMeta(ctx context.Context, key string) (_ natsx.Entry, err error) {
+	ctx, span := s.span(ctx, "kv.meta", key)
+	defer func() { endSpan(span, err) }()
+	m, err := s.compositions.GetLastMsgForSubject(ctx, compositionsPrefix+key)
+	if err != nil {
+		return natsx.Entry{}, fmt.Errorf("kv %s: meta %s: %w", natsx.BucketCompositions, key, natsx.MapError(err))
+	}
+	op := jetstream.KeyValuePut
+	switch m.Header.Get("KV-Operation") {
+	case "DEL":
+		op = jetstream.KeyValueDelete
+	case "PURGE":
+		op = jetstream.KeyValuePurge
+	}
+	return natsx.Entry{Key: key, Revision: m.Sequence, Created: m.Time, Op: op}, nil
+}
+
+// PurgeMarker removes a composition key's delete marker at rev from the
+// stream, so listings no longer show the key. It removes nothing when the
+// key was written since.
+func (s *Store) PurgeMarker(ctx context.Context, key string, rev uint64) (err error) {
+	ctx, span := s.span(ctx, "kv.purge_marker", key)
+	defer func() { endSpan(span, err) }()
+	m, err := s.compositions.GetLastMsgForSubject(ctx, compositionsPrefix+key)
+	if err != nil {
+		return natsx.MapError(err)
+	}
+	if m.Sequence != rev {
+		return nil
+	}
+	// The purge keeps nothing of the subject up to and including the
+	// marker; a value written meanwhile has a higher sequence and stays.
+	return s.compositions.Purge(ctx, jetstream.WithPurgeSubject(compositionsPrefix+key), jetstream.WithPurgeSequence(rev+1))
+}
+
+// AssignmentHistory returns the kept revisions of a node's assignment
+// (bucket assignments keeps 5), oldest first, skipping deletes and values
+// that do not decode.
+func (s *Store) AssignmentHistory(ctx context.Context, node string) (_ []*composerv1.Assignment, err error) {
+	ctx, span := s.tracer.Start(ctx, "kv.history "+natsx.BucketAssignments, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("kv.bucket", natsx.BucketAssignments), attribute.String("kv.key", node)))
+	defer func() { endSpan(span, err) }()
+	entries, err := s.Assignments.KeyValue().History(ctx, node)
+	if err != nil {
+		return nil, fmt.Errorf("kv %s: history %s: %w", natsx.BucketAssignments, node, natsx.MapError(err))
+	}
+	var out []*composerv1.Assignment
+	for _, e := range entries {
+		if e.Operation() != jetstream.KeyValuePut {
+			continue
+		}
+		a := &composerv1.Assignment{}
+		if proto.Unmarshal(e.Value(), a) == nil {
+			out = append(out, a)
+		}
+	}
+	return out, nil
 }
 
 // ObjectOptions are the natsx options the store was opened with, for object

@@ -70,6 +70,15 @@ type Hub struct {
 	subs        map[string]map[*sub]struct{}
 	lastSeen    map[string]time.Time
 	unhealthy   chan struct{}
+	onHealth    func(bool)
+}
+
+// OnHealth registers f, called with the replica's health each time it
+// changes (the gRPC health service reports it: DESIGN.md §6 step 4).
+func (h *Hub) OnHealth(f func(serving bool)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.onHealth = f
 }
 
 // NewHub returns a hub over the store.
@@ -122,6 +131,9 @@ func (h *Hub) setHealthy(ok bool) {
 	} else {
 		h.unhealthy = make(chan struct{})
 		h.log.Info("sync: replica serving")
+	}
+	if h.onHealth != nil {
+		h.onHealth(ok)
 	}
 }
 

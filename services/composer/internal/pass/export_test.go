@@ -1,0 +1,29 @@
+package pass
+
+import (
+	"context"
+	"time"
+
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+)
+
+// Hooks are the test hooks of a Passer (see hooks).
+type Hooks struct {
+	BeforeSign   func(keys []string)
+	BeforeWrite  func(key string, attempt int)
+	BeforeReread func(key string, follow int)
+}
+
+// SetHooks installs test hooks on a Passer.
+func SetHooks(p *Passer, h Hooks) {
+	p.hooks = hooks{beforeSign: h.BeforeSign, beforeWrite: h.BeforeWrite, beforeReread: h.BeforeReread}
+}
+
+// SetNow replaces a Passer's clock.
+func SetNow(p *Passer, now func() time.Time) { p.cfg.Now = now }
+
+// Prune runs the prune of a pass over node with the given assignment and
+// haves.
+func Prune(ctx context.Context, p *Passer, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord) error {
+	return p.prune(ctx, node, asg, &nodeState{haves: haves})
+}

@@ -1,0 +1,387 @@
+package pass_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"mesh.dev/internal/envelope"
+	"mesh.dev/internal/identity"
+	"mesh.dev/internal/names"
+	"mesh.dev/internal/natsx"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	signerv1 "mesh.dev/proto/mesh/signer/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+	ct "mesh.dev/services/composer/internal/composertest"
+	"mesh.dev/services/composer/internal/pass"
+)
+
+func TestMain(m *testing.M) {
+	ct.RunChildIfAsked()
+	os.Exit(m.Run())
+}
+
+// setup is a world with a manual composer that composed node ace placing
+// motd once.
+type setup struct {
+	w   *ct.World
+	c   *ct.Composer
+	fp  string
+	key string
+	// first is the value the first pass wrote under key.
+	first []byte
+}
+
+func newSetup(t *testing.T, opts ...ct.ComposerOption) *setup {
+	t.Helper()
+	w := ct.New(t)
+	c := w.StartManual(t, "one", opts...)
+	fp := w.Release(t, ct.Motd("1.0"), nil)
+	ct.WaitFor(t, "registration seen", 10*time.Second, func() (bool, string) {
+		r, ok := c.View.Registration("motd")
+		return ok && r.GetFingerprint() == fp, "not yet"
+	})
+	c.PutNode(t, ct.Spec("ace", "motd"))
+	if res := c.Pass(t, "ace"); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	s := &setup{w: w, c: c, fp: fp, key: "ace.motd." + names.FingerprintHex(fp)}
+	e, err := w.KV(t, natsx.BucketCompositions).Get(context.Background(), s.key)
+	ct.Must(t, err)
+	s.first = e.Value
+	return s
+}
+
+// variants signs other compositions of the same key (other content of the
+// same resource), as another writer of the key would have.
+func (s *setup) variants(t *testing.T, n int) [][]byte {
+	t.Helper()
+	signer := signerv1.NewSignerServiceClient(s.w.As(t, s.w.SignerAddr, identity.RoleComposer, ""))
+	var comps []*typev1.Composition
+	for i := range n {
+		comps = append(comps, &typev1.Composition{Node: "ace", Module: "motd", Fingerprint: s.fp, Resources: []*typev1.Resource{{
+			Id: "motd:motd", Module: "motd", Type: ct.File, Path: "/etc/motd", Mode: 0o644,
+			Content: &typev1.Resource_Inline{Inline: []byte(fmt.Sprintf("variant %d\n", i))},
+		}}})
+	}
+	resp, err := signer.SignCompositions(context.Background(), &signerv1.SignCompositionsRequest{FencingEpoch: s.c.Lease.Epoch(), Compositions: comps})
+	ct.Must(t, err)
+	var out [][]byte
+	for _, it := range resp.GetItems() {
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(it.GetEnvelope())
+		ct.Must(t, err)
+		out = append(out, b)
+	}
+	return out
+}
+
+func (s *setup) put(t *testing.T, value []byte) uint64 {
+	rev, err := s.w.KV(t, natsx.BucketCompositions).Put(context.Background(), s.key, value)
+	if err != nil {
+		t.Error(err)
+	}
+	return rev
+}
+
+func digestOf(t *testing.T, value []byte) string {
+	env := &typev1.Envelope{}
+	ct.Must(t, proto.Unmarshal(value, env))
+	return envelope.Digest(env)
+}
+
+// TestFollowLoop covers DESIGN.md §5.2 step 5: after keeping its judgement
+// record the writer reads the composition again and, while another writer
+// replaced it, judges and keeps that one instead; after 3 follows the
+// composition fails with its words, and a key found deleted deletes its
+// record.
+func TestFollowLoop(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		// moves is how many re-reads find the key replaced.
+		moves   int
+		deleted bool
+		err     string
+	}{
+		{name: "settles after 3 follows", moves: 3},
+		{name: "moved 4 times", moves: 4, err: "%s moved under this writer 4 times; its digest is kept by the next pass"},
+		{name: "deleted under the writer", deleted: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t)
+			variants := s.variants(t, 4)
+			// The pass keeps a record (it was deleted), so it follows.
+			ct.Must(t, s.w.KV(t, natsx.BucketComposed).Delete(context.Background(), s.key))
+			var followed []int
+			pass.SetHooks(s.c.Passer, pass.Hooks{BeforeReread: func(key string, follow int) {
+				if key != s.key {
+					return
+				}
+				followed = append(followed, follow)
+				switch {
+				case tc.deleted:
+					ct.Must(t, s.w.KV(t, natsx.BucketCompositions).Delete(context.Background(), s.key))
+				case follow < tc.moves:
+					s.put(t, variants[follow])
+				}
+			}})
+			res := s.c.Pass(t, "ace")
+			rec := &composerv1.JudgementRecord{}
+			_, recErr := s.w.Get(t, natsx.BucketComposed, s.key, rec)
+			switch {
+			case tc.err != "":
+				want := fmt.Sprintf(tc.err, s.key)
+				if res.Err == nil || !strings.Contains(res.Err.Error(), want) {
+					t.Fatalf("pass error %v, want %q", res.Err, want)
+				}
+				if res.Committed {
+					t.Error("a failed pass committed an assignment")
+				}
+				if len(followed) != 4 {
+					t.Errorf("re-read %d times, want 4", len(followed))
+				}
+			case tc.deleted:
+				if res.Err != nil {
+					t.Fatal(res.Err)
+				}
+				if recErr == nil {
+					t.Errorf("the record of a deleted composition stayed: %v", rec)
+				}
+			default:
+				if res.Err != nil {
+					t.Fatal(res.Err)
+				}
+				last := digestOf(t, variants[tc.moves-1])
+				if rec.GetDigest() != last {
+					t.Errorf("record names %s, want the last writer's %s", rec.GetDigest(), last)
+				}
+				if res.Compositions[0].Digest != last {
+					t.Errorf("the pass kept %s, want %s", res.Compositions[0].Digest, last)
+				}
+				if len(followed) != tc.moves+1 {
+					t.Errorf("re-read %d times, want %d", len(followed), tc.moves+1)
+				}
+			}
+		})
+	}
+}
+
+// TestCASRetries covers DESIGN.md §5.2 step 4: a write conflicting with
+// another writer re-reads and retries with an Update at the revision it read,
+// a bounded number of times; a key that another writer gave this very
+// composition is left alone. Never a blind overwrite.
+func TestCASRetries(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		// other writes before each of these attempts.
+		interfere map[int]bool
+		same      bool
+		err       string
+		// wantExpected is how the pass's own stored write was made:
+		// "" none stored.
+		stored bool
+	}{
+		{name: "another writer once: retried at its revision", interfere: map[int]bool{0: true}, stored: true},
+		{name: "another writer wrote the same composition", interfere: map[int]bool{0: true}, same: true},
+		{name: "another writer every time: bounded", interfere: map[int]bool{0: true, 1: true, 2: true, 3: true}, err: "write conflicted 4 times"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t)
+			variants := s.variants(t, 4)
+			// Corrupt the key so the next pass writes it again.
+			s.put(t, []byte("corrupt"))
+			var mu sync.Mutex
+			last := map[int]uint64{}
+			pass.SetHooks(s.c.Passer, pass.Hooks{BeforeWrite: func(key string, attempt int) {
+				if key != s.key || !tc.interfere[attempt] {
+					return
+				}
+				v := variants[attempt]
+				if tc.same {
+					v = s.first
+				}
+				mu.Lock()
+				last[attempt] = s.put(t, v)
+				mu.Unlock()
+			}})
+			rec := s.w.RecordWrites(t, natsx.BucketCompositions)
+			res := s.c.Pass(t, "ace")
+			var ours []ct.Write
+			for _, wr := range rec.All() {
+				if wr.Key == s.key && string(wr.Data) == string(s.first) && !tc.same {
+					ours = append(ours, wr)
+				}
+			}
+			e, err := s.w.KV(t, natsx.BucketCompositions).Get(context.Background(), s.key)
+			ct.Must(t, err)
+			switch {
+			case tc.err != "":
+				if res.Err == nil || !strings.Contains(res.Err.Error(), tc.err) {
+					t.Fatalf("pass error %v, want %q", res.Err, tc.err)
+				}
+				if len(ours) != 0 || string(e.Value) != string(variants[3]) {
+					t.Errorf("the pass overwrote another writer's value: %v", ours)
+				}
+			case tc.same:
+				if res.Err != nil {
+					t.Fatal(res.Err)
+				}
+				if n := len(rec.All()); n != 1 {
+					t.Errorf("%d writes; the pass wrote the composition another writer had written", n-1)
+				}
+			default:
+				if res.Err != nil {
+					t.Fatal(res.Err)
+				}
+				if len(ours) != 1 || ours[0].Expected != fmt.Sprint(last[0]) {
+					t.Errorf("the pass wrote %v, want one Update at r%d", ours, last[0])
+				}
+			}
+		})
+	}
+}
+
+// TestPausedLeaderCannotSign covers DESIGN.md §5.2 step 9: a composer that
+// checked its lease and then paused (its renewals stopped) finds, once
+// another composer took over and fenced, that the signer refuses its sign
+// requests with FAILED_PRECONDITION; it writes nothing.
+func TestPausedLeaderCannotSign(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, ct.WithLeaseTTL(3*time.Second))
+	v2 := s.w.Release(t, ct.Motd("2.0"), nil)
+	ct.WaitFor(t, "v2 seen", 10*time.Second, func() (bool, string) {
+		r, _ := s.c.View.Registration("motd")
+		return r.GetFingerprint() == v2, "not yet"
+	})
+	reached, resume := make(chan struct{}), make(chan struct{})
+	pass.SetHooks(s.c.Passer, pass.Hooks{BeforeSign: func([]string) {
+		close(reached)
+		<-resume
+	}})
+	done := make(chan *pass.Result, 1)
+	go func() {
+		res, err := s.c.Passer.Run(context.Background(), "ace", pass.Write, nil)
+		if res == nil {
+			res = &pass.Result{Err: err}
+		}
+		done <- res
+	}()
+	<-reached
+	oldEpoch := s.c.Lease.Epoch()
+	s.c.PauseLease()
+	rec := s.w.RecordWrites(t, natsx.BucketCompositions, natsx.BucketComposed, natsx.BucketAssignments)
+	b := s.w.StartManual(t, "two", ct.WithLeaseTTL(3*time.Second))
+	if b.Lease.Epoch() <= oldEpoch {
+		t.Fatalf("the new leader's epoch %d is not above %d", b.Lease.Epoch(), oldEpoch)
+	}
+	close(resume)
+	res := <-done
+	if res.Err == nil || !strings.Contains(res.Err.Error(), codes.FailedPrecondition.String()) ||
+		!strings.Contains(res.Err.Error(), fmt.Sprintf("fencing epoch %d is below", oldEpoch)) {
+		t.Fatalf("the paused leader's pass: %v", res.Err)
+	}
+	if got := rec.All(); len(got) != 0 {
+		t.Errorf("the paused leader wrote %v", got)
+	}
+	_ = status.Code
+}
+
+// TestRenewal covers DESIGN.md §5.4: a manifest is renewed once less than
+// half its lifetime is left, at a point of the next quarter; a renewal
+// changes only revision and times.
+func TestRenewal(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	a1, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	m1, err := s.w.CheckAssignment(t, a1)
+	ct.Must(t, err)
+	issued, life := m1.GetIssuedAt().AsTime(), m1.GetExpiresAt().AsTime().Sub(m1.GetIssuedAt().AsTime())
+	at := func(frac float64) func() time.Time {
+		return func() time.Time { return issued.Add(time.Duration(float64(life) * frac)) }
+	}
+	pass.SetNow(s.c.Passer, at(0.499))
+	if res := s.c.Pass(t, "ace"); res.Err != nil || res.Committed {
+		t.Fatalf("a pass before half the lifetime renewed (committed %v, %v)", res.Committed, res.Err)
+	}
+	pass.SetNow(s.c.Passer, at(0.751))
+	res := s.c.Pass(t, "ace")
+	if res.Err != nil || !res.Committed {
+		t.Fatalf("a pass after three quarters of the lifetime did not renew (%v)", res.Err)
+	}
+	pass.SetNow(s.c.Passer, time.Now)
+	a2, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	m2, err := s.w.CheckAssignment(t, a2)
+	ct.Must(t, err)
+	if m2.GetRevision() <= m1.GetRevision() || !proto.Equal(&typev1.Manifest{Wants: m1.GetWants(), Node: m1.GetNode(), KeysetVersion: m1.GetKeysetVersion()},
+		&typev1.Manifest{Wants: m2.GetWants(), Node: m2.GetNode(), KeysetVersion: m2.GetKeysetVersion()}) {
+		t.Errorf("renewal changed more than revision and times:\n%v\n%v", m1, m2)
+	}
+	if !proto.Equal(a1.GetInputs(), a2.GetInputs()) && a1.GetInputs().GetSpecRevision() != a2.GetInputs().GetSpecRevision() {
+		t.Errorf("inputs %v → %v", a1.GetInputs(), a2.GetInputs())
+	}
+	if !proto.Equal(&composerv1.Assignment{Wants: a1.GetWants(), Holds: a1.GetHolds(), Moved: a1.GetMoved()}, &composerv1.Assignment{Wants: a2.GetWants(), Holds: a2.GetHolds(), Moved: a2.GetMoved()}) {
+		t.Error("renewal changed wants, holds or moved")
+	}
+}
+
+// TestPruneKeepsTheAppliedManifest covers the keep set of DESIGN.md §5.2
+// step 8 beyond the wants: the compositions of the manifest the engine
+// reports applied are kept, found in the assignment's history, even when the
+// engine names no module's applied key.
+func TestPruneKeepsTheAppliedManifest(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	a1, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	keys := []string{s.key}
+	// While the versions come, the engine reports v1 applied, so the
+	// passes' prunes keep it.
+	s.w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", Haves: []*composerv1.Have{{Module: "motd",
+		Applied: &composerv1.AppliedRef{Fingerprint: s.fp, Key: s.key, Digest: ct.Want(a1, "motd").GetCompositionDigest()}}}})
+	for v := 2; v <= 7; v++ {
+		fp := s.w.Release(t, ct.Motd(fmt.Sprintf("%d.0", v)), nil)
+		ct.WaitFor(t, "registration seen", 10*time.Second, func() (bool, string) {
+			r, _ := s.c.View.Registration("motd")
+			return r.GetFingerprint() == fp, "not yet"
+		})
+		// Passes with the prune of a node with no assignment yet: the
+		// history below is the test's.
+		ct.Must(t, s.w.KV(t, natsx.BucketAssignments).Delete(context.Background(), "ace"))
+		if res := s.c.Pass(t, "ace"); res.Err != nil {
+			t.Fatal(res.Err)
+		}
+		keys = append(keys, "ace.motd."+names.FingerprintHex(fp))
+	}
+	current, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	// The history holds a1 (v1) and the current assignment (v7); the
+	// engine applied a1's manifest and reports no module's key.
+	s.w.Put(t, natsx.BucketAssignments, "ace", a1)
+	s.w.Put(t, natsx.BucketAssignments, "ace", current)
+	haves := &composerv1.HaveRecord{Node: "ace", Applied: &composerv1.ManifestRef{Revision: a1.GetManifestRevision(), Digest: a1.GetManifestDigest()}}
+	ct.Must(t, pass.Prune(context.Background(), s.c.Passer, "ace", current, haves))
+	held, err := s.w.KV(t, natsx.BucketCompositions).ListKeys(context.Background(), "ace.motd.*")
+	ct.Must(t, err)
+	// v3..v7 are the 5 newest, v1 the applied manifest's: v2 goes.
+	for i, k := range keys {
+		if present := slices.Contains(held, k); present != (i != 1) {
+			t.Errorf("v%d held=%v", i+1, present)
+		}
+	}
+}

@@ -1,0 +1,119 @@
+package pass
+
+import (
+	"crypto/ed25519"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"mesh.dev/internal/envelope"
+	"mesh.dev/internal/testutil"
+	"mesh.dev/internal/verify"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+)
+
+type fakeTrust struct {
+	ring *verify.Keyring
+	id   string
+}
+
+func (f fakeTrust) Keyring() *verify.Keyring { return f.ring }
+func (f fakeTrust) SigningKeyID() string     { return f.id }
+
+func manifestAt(node string, rev uint64, issued time.Time, life time.Duration) *typev1.Manifest {
+	return &typev1.Manifest{Node: node, Revision: rev, IssuedAt: timestamppb.New(issued), ExpiresAt: timestamppb.New(issued.Add(life))}
+}
+
+// TestRenewAt checks the renewal point of DESIGN.md §5.4: once less than
+// half the lifetime is left, at a point of the next quarter that differs
+// between nodes, so a fleet's renewals spread out.
+func TestRenewAt(t *testing.T) {
+	t.Parallel()
+	issued := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	life := 24 * time.Hour
+	seen := map[time.Duration]bool{}
+	var lo, hi time.Duration = life, 0
+	for i := range 1000 {
+		node := "node-" + strings.Repeat("x", i%7) + string(rune('a'+i%26))
+		at := renewAt(node, manifestAt(node, uint64(i), issued, life)).Sub(issued)
+		if at < life/2 || at > life*3/4 {
+			t.Fatalf("%s renews %s after issue, outside [%s, %s]", node, at, life/2, life*3/4)
+		}
+		seen[at.Round(time.Minute)] = true
+		lo, hi = min(lo, at), max(hi, at)
+	}
+	if len(seen) < 100 || hi-lo < life/5 {
+		t.Errorf("renewals do not spread: %d distinct minutes between %s and %s", len(seen), lo, hi)
+	}
+}
+
+// TestNeedsCommit checks when a pass commits (changes) and when it signs the
+// manifest again although nothing changed (renewal, a newer keyset, another
+// signing key, an engine's high-water above the held revision, a revision
+// conflict the engine reports), with an injected clock.
+func TestNeedsCommit(t *testing.T) {
+	t.Parallel()
+	tr := testutil.NewTrust(t, 1, 1)
+	ring, err := verify.Keyset(tr.Roots, tr.KeysetEnvelope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyID := envelope.KeyID(tr.SigningKey.Public().(ed25519.PublicKey))
+	issued := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	want := &typev1.Want{Module: "motd", Fingerprint: "fp1:" + strings.Repeat("a", 64), CompositionKey: "ace.motd." + strings.Repeat("a", 64), CompositionDigest: "sha256:" + strings.Repeat("1", 64)}
+	hold := &composerv1.Hold{Module: "sshd", Reason: "pinned"}
+	m := manifestAt("ace", 100, issued, 24*time.Hour)
+	m.KeysetVersion = ring.Version()
+	m.Wants = []*typev1.Want{want}
+	env, digest := tr.Sign(t, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m)
+	asg := &composerv1.Assignment{Node: "ace", Wants: []*typev1.Want{want}, Holds: []*composerv1.Hold{hold}, Manifest: env, ManifestDigest: digest, ManifestRevision: 100}
+	renew := renewAt("ace", m)
+	conflict := &composerv1.HaveRecord{Applied: &composerv1.ManifestRef{Revision: 90, Digest: "sha256:old"}, Haves: []*composerv1.Have{{Module: "motd",
+		Attempt: &composerv1.Attempt{State: composerv1.AttemptState_ATTEMPT_STATE_FAILED, ReasonCode: composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT}}}}
+	other := &typev1.Want{Module: "motd", Fingerprint: want.GetFingerprint(), CompositionKey: want.GetCompositionKey(), CompositionDigest: "sha256:" + strings.Repeat("2", 64)}
+	cases := []struct {
+		name            string
+		asg             *composerv1.Assignment
+		wants           []*typev1.Want
+		holds           []*composerv1.Hold
+		haves           *composerv1.HaveRecord
+		now             time.Time
+		signingKey      string
+		changes, resign bool
+	}{
+		{name: "nothing changed", asg: asg, now: renew.Add(-time.Second)},
+		{name: "no assignment yet", now: issued, changes: true, resign: true},
+		{name: "wants differ", asg: asg, wants: []*typev1.Want{other}, now: issued, changes: true, resign: true},
+		{name: "holds differ", asg: asg, holds: []*composerv1.Hold{}, now: issued, changes: true},
+		{name: "renewal due", asg: asg, now: renew, resign: true},
+		{name: "signed by a key the signer no longer uses", asg: asg, now: issued, signingKey: "other-key", resign: true},
+		{name: "engine high-water above the held revision", asg: asg, now: issued, haves: &composerv1.HaveRecord{HighWater: 101}, resign: true},
+		{name: "engine high-water at the held revision", asg: asg, now: issued, haves: &composerv1.HaveRecord{HighWater: 100}},
+		{name: "engine reports a revision conflict", asg: asg, now: issued, haves: conflict, resign: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			id := keyID
+			if tc.signingKey != "" {
+				id = tc.signingKey
+			}
+			p := New(Config{Now: func() time.Time { return tc.now }, Trust: fakeTrust{ring: ring, id: id}})
+			wants, holds := tc.wants, tc.holds
+			if wants == nil {
+				wants = asg.GetWants()
+			}
+			if holds == nil {
+				holds = asg.GetHolds()
+			}
+			st := &nodeState{spec: &composerv1.NodeSpec{Node: "ace"}, assignment: tc.asg, haves: tc.haves}
+			changes, resign := p.needsCommit(st, wants, holds, nil)
+			if changes != tc.changes || resign != tc.resign {
+				t.Errorf("needsCommit = changes %v resign %v, want %v %v", changes, resign, tc.changes, tc.resign)
+			}
+		})
+	}
+}

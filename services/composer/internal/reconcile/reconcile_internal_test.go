@@ -1,0 +1,107 @@
+package reconcile
+
+import (
+	"testing"
+	"time"
+
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	"mesh.dev/services/composer/internal/pass"
+)
+
+func have(module, digest string, state composerv1.AttemptState, code composerv1.ReasonCode, reason string) *composerv1.Have {
+	return &composerv1.Have{Module: module, Applied: &composerv1.AppliedRef{Digest: digest},
+		Attempt: &composerv1.Attempt{State: state, ReasonCode: code, Reason: reason}}
+}
+
+// TestNeedsPass checks which haves changes call for a pass (DESIGN.md §6
+// step 4): an applied digest changed, or an attempt failed for a digest or
+// signature reason or a revision conflict; anything else only changes the
+// status.
+func TestNeedsPass(t *testing.T) {
+	t.Parallel()
+	applied := composerv1.AttemptState_ATTEMPT_STATE_APPLIED
+	failed := composerv1.AttemptState_ATTEMPT_STATE_FAILED
+	held := composerv1.AttemptState_ATTEMPT_STATE_HELD
+	none := composerv1.ReasonCode_REASON_CODE_UNSPECIFIED
+	rec := func(haves ...*composerv1.Have) *composerv1.HaveRecord { return &composerv1.HaveRecord{Haves: haves} }
+	base := rec(have("motd", "D1", applied, none, ""))
+	cases := []struct {
+		name string
+		next *composerv1.HaveRecord
+		want bool
+	}{
+		{"nothing changed", rec(have("motd", "D1", applied, none, "")), false},
+		{"applied digest changed", rec(have("motd", "D2", applied, none, "")), true},
+		{"a module applied for the first time", rec(have("motd", "D1", applied, none, ""), have("sshd", "S1", applied, none, "")), true},
+		{"a module gone", rec(), true},
+		{"held for an entry", rec(have("motd", "D1", held, composerv1.ReasonCode_REASON_CODE_ENTRY_ASKED, "asked")), false},
+		{"failed writing", rec(have("motd", "D1", failed, composerv1.ReasonCode_REASON_CODE_WRITE_FAILED, "disk full")), false},
+		{"failed on a digest", rec(have("motd", "D1", failed, composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH, "")), true},
+		{"failed on a signature", rec(have("motd", "D1", failed, composerv1.ReasonCode_REASON_CODE_SIGNATURE_INVALID, "")), true},
+		{"failed on a revision conflict", rec(have("motd", "D1", failed, composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT, "")), true},
+	}
+	for _, tc := range cases {
+		if got := needsPass(base, tc.next); got != tc.want {
+			t.Errorf("%s: needsPass = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestScheduleSpread checks the full reconcile's spread (DESIGN.md §5.2 step
+// 7): every node is visited within the period, at points spread over its
+// second half; sooner for a renewal, and soon after a failure or while a
+// build is awaited.
+func TestScheduleSpread(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	period := 15 * time.Minute
+	r := New(Config{Period: period, Now: func() time.Time { return now }})
+	buckets := map[int]int{}
+	for i := range 2000 {
+		node := string(rune('a'+i%26)) + time.Duration(i).String()
+		r.scheduleLocked(node, &pass.Result{}, nil)
+		d := r.nextVisit[node].Sub(now)
+		if d < period/2 || d > period {
+			t.Fatalf("next visit in %s, outside [%s, %s]", d, period/2, period)
+		}
+		buckets[int(d/(period/20))]++
+	}
+	// Ten buckets of 45 s over the second half: each holds about 200.
+	for b := 10; b < 20; b++ {
+		if buckets[b] < 100 || buckets[b] > 300 {
+			t.Errorf("visits not spread: %v", buckets)
+			break
+		}
+	}
+	cases := []struct {
+		name     string
+		res      *pass.Result
+		err      error
+		min, max time.Duration
+	}{
+		{"renewal sooner", &pass.Result{RenewAt: now.Add(time.Minute)}, nil, time.Minute, time.Minute},
+		{"failed pass", &pass.Result{Err: errTest}, nil, 15 * time.Second, 45 * time.Second},
+		{"no result", nil, errTest, 15 * time.Second, 45 * time.Second},
+		{"waiting for a build", &pass.Result{Waiting: true}, nil, 15 * time.Second, 45 * time.Second},
+	}
+	for _, tc := range cases {
+		r.scheduleLocked("x", tc.res, tc.err)
+		if d := r.nextVisit["x"].Sub(now); d < tc.min || d > tc.max {
+			t.Errorf("%s: next visit in %s, want %s..%s", tc.name, d, tc.min, tc.max)
+		}
+	}
+	// visitDue queues exactly the nodes whose visit has come.
+	r2 := New(Config{Period: period, Now: func() time.Time { return now }})
+	r2.specs = map[string]*composerv1.NodeSpec{"due": {}, "later": {}, "unknown": {}}
+	r2.nextVisit = map[string]time.Time{"due": now.Add(-time.Second), "later": now.Add(time.Minute)}
+	r2.visitDue()
+	if len(r2.queue) != 1 || r2.queue[0] != "due" {
+		t.Errorf("visitDue queued %v", r2.queue)
+	}
+}
+
+type testError struct{}
+
+func (testError) Error() string { return "test" }
+
+var errTest error = testError{}
