@@ -15,17 +15,15 @@ import (
 	"mesh.dev/tests/internal/rig"
 )
 
-// TestComposerRefusesWhatItCannotKeep holds bad input the composer takes
-// (or fails on) instead of refusing it as DESIGN.md §8 says ("Bad input
-// gets INVALID_ARGUMENT naming the field; limits are explicit constants;
-// a refused write changes nothing"). Each subtest fails until the
-// composer's api package checks the field:
+// TestComposerRefusesWhatItCannotKeep guards bad input the composer once
+// took (or failed on) instead of refusing it as DESIGN.md §8 says ("Bad
+// input gets INVALID_ARGUMENT naming the field; limits are explicit
+// constants; a refused write changes nothing"):
 //
-//   - PutNode stores spec.policies with an upgrade policy no version
-//     defines (ValidateSpec refuses only UNSPECIFIED), and a why of any
-//     length;
-//   - Approve has no limit on its digests: 20000 of them make a record over
-//     the 1 MiB KV limit, answered INTERNAL instead of INVALID_ARGUMENT.
+//   - PutNode refuses spec.policies with an upgrade policy no version
+//     defines, and a why over its limit;
+//   - Approve refuses more digests than its limit (20000 of them would make
+//     a record over the 1 MiB KV limit).
 func TestComposerRefusesWhatItCannotKeep(t *testing.T) {
 	t.Parallel()
 	m := rig.Start(t, rig.Options{})

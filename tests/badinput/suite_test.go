@@ -157,18 +157,10 @@ func (s *suite) putNode(name string, spec *composerv1.NodeSpec, code codes.Code,
 		}}
 }
 
-// bugLintInternal: the composer's PutNode answers INTERNAL ("internal
-// error; see the composer's log") when a spec's resource or provisioner
-// account fails lint, because api.toStatus maps *lint.Error to nothing
-// (DESIGN.md §8: INVALID_ARGUMENT naming the field).
-const bugLintInternal = "composer PutNode answers INTERNAL for a resource or account lint refuses (api.toStatus has no case for *lint.Error)"
-
-// putNodeLint is putNode for a spec whose resource or account lint
-// refuses: refused, but with the code of bugLintInternal until it is fixed.
+// putNodeLint is putNode for a spec whose resource or account lint refuses
+// (api.toStatus maps *lint.Error to INVALID_ARGUMENT naming the field).
 func (s *suite) putNodeLint(name string, spec *composerv1.NodeSpec, code codes.Code, words ...string) badCase {
-	c := s.putNode(name, spec, code, words...)
-	c.bug = bugLintInternal
-	return c
+	return s.putNode(name, spec, code, words...)
 }
 
 func (s *suite) approve(name string, req *composerv1.ApproveRequest, code codes.Code, words ...string) badCase {

@@ -24,6 +24,7 @@ import (
 	"mesh.dev/internal/authz"
 	"mesh.dev/internal/envelope"
 	"mesh.dev/internal/identity"
+	"mesh.dev/internal/lint"
 	"mesh.dev/internal/names"
 	"mesh.dev/internal/natsx"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
@@ -116,10 +117,11 @@ func Policy() authz.Policy {
 // lease holder → UNAVAILABLE, else INTERNAL with the detail only logged.
 func (s *Server) toStatus(ctx context.Context, method string, err error) error {
 	var fe *fieldError
+	var le *lint.Error
 	switch {
 	case err == nil:
 		return nil
-	case errors.As(err, &fe):
+	case errors.As(err, &fe), errors.As(err, &le):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, errInvalid), errors.Is(err, names.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
@@ -336,6 +338,9 @@ func (s *Server) Approve(ctx context.Context, req *composerv1.ApproveRequest) (*
 	}
 	if len(req.GetDigests()) == 0 {
 		return nil, s.toStatus(ctx, "Approve", invalid("digests", "name at least one composition digest a Plan showed"))
+	}
+	if n := len(req.GetDigests()); n > MaxApprovalDigests {
+		return nil, s.toStatus(ctx, "Approve", invalid("digests", "%d digests, over the limit of %d per approval", n, MaxApprovalDigests))
 	}
 	for i, d := range req.GetDigests() {
 		if err := names.CheckDigest(fmt.Sprintf("digests[%d]", i), d); err != nil {

@@ -22,6 +22,11 @@ const (
 	MaxPlaced = 256
 	// MaxLabels is the most labels one node may carry.
 	MaxLabels = 64
+	// MaxWhy bounds the reason given with a policy override.
+	MaxWhy = 1024
+	// MaxApprovalDigests is the most composition digests one approval may
+	// name (a plan's worth for a module; far under one KV value).
+	MaxApprovalDigests = 4096
 )
 
 var labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$`)
@@ -110,8 +115,15 @@ func ValidateSpec(s *composerv1.NodeSpec) error {
 		if err := names.CheckModule(m); err != nil {
 			return invalid(field, "%v", err)
 		}
-		if p.GetPolicy() == typev1.UpgradePolicy_UPGRADE_POLICY_UNSPECIFIED {
+		switch p.GetPolicy() {
+		case typev1.UpgradePolicy_UPGRADE_POLICY_AUTO, typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, typev1.UpgradePolicy_UPGRADE_POLICY_PINNED:
+		case typev1.UpgradePolicy_UPGRADE_POLICY_UNSPECIFIED:
 			return invalid(field+".policy", "is unset (AUTO, MANUAL or PINNED)")
+		default:
+			return invalid(field+".policy", "%d is not AUTO, MANUAL or PINNED", p.GetPolicy())
+		}
+		if len(p.GetWhy()) > MaxWhy {
+			return invalid(field+".why", "%d bytes, over the limit of %d", len(p.GetWhy()), MaxWhy)
 		}
 	}
 	if n := proto.Size(s); n > MaxSpecSize {
