@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"mesh.dev/internal/telemetry"
 )
 
 // DefaultMaxMsgSize is the largest gRPC message mesh sends or receives,
@@ -75,7 +77,10 @@ func Dial(target string, tlsCfg *tls.Config, opts ...grpc.DialOption) (*grpc.Cli
 	if tlsCfg.InsecureSkipVerify && tlsCfg.VerifyConnection == nil && tlsCfg.VerifyPeerCertificate == nil {
 		return nil, errors.New("dial: tls config skips server verification")
 	}
-	var otelOpts []otelgrpc.Option
+	// The propagator is set here rather than taken from the otel global, so
+	// trace context crosses every call whether or not a process installed
+	// globals (tests and the one-process dev mesh do not).
+	otelOpts := []otelgrpc.Option{otelgrpc.WithPropagators(telemetry.Propagator())}
 	var rest []grpc.DialOption
 	for _, o := range opts {
 		if p, ok := o.(providers); ok {

@@ -33,6 +33,7 @@ import (
 
 	"mesh.dev/internal/authz"
 	"mesh.dev/internal/grpcclient"
+	"mesh.dev/internal/telemetry"
 )
 
 // DefaultMaxMsgSize is the default limit on a message received or sent,
@@ -119,7 +120,9 @@ func Build(cfg Config, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 	}
 	policy := authz.Merge(authz.PlatformRules(), cfg.Policy)
 
-	var otelOpts []otelgrpc.Option
+	// The propagator is set here rather than taken from the otel global
+	// (see grpcclient.Dial).
+	otelOpts := []otelgrpc.Option{otelgrpc.WithPropagators(telemetry.Propagator())}
 	if cfg.TracerProvider != nil {
 		otelOpts = append(otelOpts, otelgrpc.WithTracerProvider(cfg.TracerProvider))
 	}

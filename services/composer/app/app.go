@@ -137,7 +137,10 @@ type Options struct {
 	Catalog catalogview.Client
 	// OnPass is called after every pass (tests, benchmarks).
 	OnPass func(node string, res *pass.Result, err error)
-	Ready  func(net.Addr)
+	// ServerOptions are added to the gRPC server's (interceptors given here
+	// run inside authorization: tests count handler invocations with them).
+	ServerOptions []grpc.ServerOption
+	Ready         func(net.Addr)
 }
 
 // Policy is the composer's authorization table.
@@ -278,6 +281,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider,
 		// Age connections out so engines rebalance across replicas.
 		MaxConnectionAge: time.Hour,
+		ServerOptions:    opts.ServerOptions,
 	}, apiServer.Register, syncServer.Register)
 	if err != nil {
 		return nil, err

@@ -48,8 +48,10 @@ func New(client Client, epoch func() uint64, tracer trace.Tracer) *Signer {
 		tracer = noop.NewTracerProvider().Tracer("")
 	}
 	s := &Signer{client: client, epoch: epoch, tracer: tracer}
-	s.compositions = &batcher[*typev1.Composition, *signerv1.SignedItem]{tracer: tracer, name: "compositions", send: s.sendCompositions}
-	s.manifests = &batcher[*signerv1.ManifestItem, *signerv1.SignedManifest]{tracer: tracer, name: "manifests", send: s.sendManifests}
+	s.compositions = &batcher[*typev1.Composition, *signerv1.SignedItem]{tracer: tracer, name: "compositions", send: s.sendCompositions,
+		inFlight: make(chan struct{}, maxInFlight)}
+	s.manifests = &batcher[*signerv1.ManifestItem, *signerv1.SignedManifest]{tracer: tracer, name: "manifests", send: s.sendManifests,
+		inFlight: make(chan struct{}, maxInFlight)}
 	return s
 }
 
@@ -109,7 +111,15 @@ type batcher[I, O any] struct {
 	mu      sync.Mutex
 	queue   []*call[I, O]
 	running bool
+	// inFlight bounds the requests sent at once: the signer signs
+	// concurrent requests in parallel (only its audit appends are
+	// serialised), so a few in flight keep it busy while the next batch
+	// gathers, instead of every pass waiting a whole round trip in line.
+	inFlight chan struct{}
 }
+
+// maxInFlight is how many sign requests of one kind may be outstanding.
+const maxInFlight = 4
 
 type call[I, O any] struct {
 	ctx   context.Context
@@ -148,13 +158,17 @@ func (b *batcher[I, O]) do(ctx context.Context, spanName string, items []I) ([]O
 	return c.out, nil
 }
 
-// loop sends the queued calls until none is left.
+// loop sends the queued calls until none is left, with at most maxInFlight
+// requests outstanding: it takes a batch only once a slot is free, so calls
+// arriving meanwhile join the next batch.
 func (b *batcher[I, O]) loop() {
 	for {
+		b.inFlight <- struct{}{}
 		b.mu.Lock()
 		if len(b.queue) == 0 {
 			b.running = false
 			b.mu.Unlock()
+			<-b.inFlight
 			return
 		}
 		n := len(b.queue[0].items)
@@ -166,7 +180,10 @@ func (b *batcher[I, O]) loop() {
 		batch := b.queue[:take:take]
 		b.queue = b.queue[take:]
 		b.mu.Unlock()
-		b.dispatch(batch)
+		go func() {
+			defer func() { <-b.inFlight }()
+			b.dispatch(batch)
+		}()
 	}
 }
 

@@ -42,7 +42,11 @@ type sub struct {
 	manifest chan struct{}
 	keyset   chan struct{}
 	heard    chan struct{}
-	gone     chan struct{}
+	// needs are the modules the node's wanted modules need (guarded by the
+	// hub's mutex): only a change to a node running one of them, or to
+	// the node itself, can change its Heard.
+	needs map[string]bool
+	gone  chan struct{}
 }
 
 func mark(c chan struct{}) {
@@ -154,15 +158,17 @@ func (h *Hub) watchAssignments(ctx context.Context) error {
 		h.mu.Lock()
 		h.seenRev = max(h.seenRev, e.Revision)
 		old := h.assignments[e.Key]
+		changed := map[string]bool{}
 		if old != nil {
 			for _, want := range old.wants {
 				delete(h.running[want.GetModule()], e.Key)
+				changed[want.GetModule()] = true
 			}
 		}
 		if e.Op != jetstream.KeyValuePut {
 			delete(h.assignments, e.Key)
+			h.notifyHeardLocked(e.Key, changed)
 			h.mu.Unlock()
-			h.notifyHeard()
 			continue
 		}
 		a := &composerv1.Assignment{}
@@ -178,12 +184,13 @@ func (h *Hub) watchAssignments(ctx context.Context) error {
 				h.running[want.GetModule()] = map[string]string{}
 			}
 			h.running[want.GetModule()][e.Key] = want.GetFingerprint()
+			changed[want.GetModule()] = true
 		}
 		for s := range h.subs[e.Key] {
 			mark(s.manifest)
 		}
+		h.notifyHeardLocked(e.Key, changed)
 		h.mu.Unlock()
-		h.notifyHeard()
 	}
 	if ctx.Err() != nil {
 		return nil
@@ -202,16 +209,23 @@ func (h *Hub) watchHaves(ctx context.Context) error {
 			continue
 		}
 		h.mu.Lock()
+		changed := map[string]bool{}
+		for _, hv := range h.haves[e.Key].GetHaves() {
+			changed[hv.GetModule()] = true
+		}
 		if e.Op != jetstream.KeyValuePut {
 			delete(h.haves, e.Key)
 		} else {
 			rec := &composerv1.HaveRecord{}
 			if proto.Unmarshal(e.Value, rec) == nil {
 				h.haves[e.Key] = rec
+				for _, hv := range rec.GetHaves() {
+					changed[hv.GetModule()] = true
+				}
 			}
 		}
+		h.notifyHeardLocked(e.Key, changed)
 		h.mu.Unlock()
-		h.notifyHeard()
 	}
 	if ctx.Err() != nil {
 		return nil
@@ -251,14 +265,41 @@ func (h *Hub) checkLag(ctx context.Context) error {
 	}
 }
 
-func (h *Hub) notifyHeard() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, subs := range h.subs {
+// notifyHeardLocked marks the Heard of the streams a change of node's
+// modules can affect: the node's own (its needs may have changed) and
+// those whose needs name one of the modules. Waking every stream on every
+// write cost a fleet-wide change most of the composer's CPU.
+func (h *Hub) notifyHeardLocked(node string, modules map[string]bool) {
+	for s := range h.subs[node] {
+		mark(s.heard)
+	}
+	if len(modules) == 0 {
+		return
+	}
+	for n, subs := range h.subs {
+		if n == node {
+			continue
+		}
 		for s := range subs {
-			mark(s.heard)
+			for m := range s.needs {
+				if modules[m] {
+					mark(s.heard)
+					break
+				}
+			}
 		}
 	}
+}
+
+// setNeeds records the modules a stream's node needs.
+func (h *Hub) setNeeds(s *sub, needs []*typev1.Need) {
+	m := make(map[string]bool, len(needs))
+	for _, n := range needs {
+		m[n.GetModule()] = true
+	}
+	h.mu.Lock()
+	s.needs = m
+	h.mu.Unlock()
 }
 
 // NotifyKeyset tells every stream a newer keyset is available.

@@ -227,7 +227,7 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 		return nil
 	}
 	sendHeard := func() error {
-		h := s.heardFor(ctx, node)
+		h := s.heardFor(ctx, node, sub)
 		if h == nil || (lastHeard != nil && proto.Equal(h, lastHeard)) || (lastHeard == nil && len(h.GetModules()) == 0) {
 			return nil
 		}
@@ -301,7 +301,7 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 
 // heardFor computes the Heard of a node from the needs of the modules it
 // wants (entries are cached by the catalog view).
-func (s *Server) heardFor(ctx context.Context, node string) *composerv1.Heard {
+func (s *Server) heardFor(ctx context.Context, node string, sb *sub) *composerv1.Heard {
 	a := s.cfg.Hub.assignment(node)
 	if a == nil {
 		return nil
@@ -316,6 +316,9 @@ func (s *Server) heardFor(ctx context.Context, node string) *composerv1.Heard {
 			continue
 		}
 		needs = append(needs, rel.Manifest.GetNeeds()...)
+	}
+	if sb != nil {
+		s.cfg.Hub.setNeeds(sb, needs)
 	}
 	if len(needs) == 0 {
 		return &composerv1.Heard{}
