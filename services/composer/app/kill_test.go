@@ -147,13 +147,12 @@ func TestKilledComposer(t *testing.T) {
 	fps := release("1.0")
 	a := w.StartChild(t, "a", childTTL, 4)
 	waitReady(t, a)
-	op := composerv1.NewComposerServiceClient(w.As(t, a.Addr, identity.RoleOperator, "admin"))
 	// 16 nodes × 4 compositions: kill somewhere in the first pass.
 	killed := killAfter(t, w, a, 1+rng.Int64N(16*4-1))
 	for _, n := range nodes {
-		if _, err := op.PutNode(context.Background(), &composerv1.PutNodeRequest{Spec: ct.Spec(n, "motd", "sshd", "app")}); err != nil {
-			t.Fatal(err)
-		}
+		// Specs go straight into the bucket: the kill may land while they
+		// are being put, and the second composer must find them all.
+		w.Put(t, natsx.BucketNodes, n, ct.Spec(n, "motd", "sshd", "app"))
 	}
 	waitKilled(t, killed)
 	a.Kill()

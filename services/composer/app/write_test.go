@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/types/known/structpb"
 	"io"
 	"slices"
 	"strings"
@@ -300,14 +301,15 @@ func TestCompare(t *testing.T) {
 // TestCommitPoint covers DESIGN.md §5.2 step 7: one CAS of the assignment
 // per node per pass (Create first, then Update at the revision read), and
 // only when every composition the wants name is held: a held move whose
-// wanted composition was lost drops the want and says so.
+// wanted composition was lost and cannot be rebuilt to the same digest
+// drops the want and says so (TestHeldCompositionRebuilt covers the rebuild).
 func TestCommitPoint(t *testing.T) {
 	t.Parallel()
 	w := ct.New(t)
 	c := w.StartManual(t, "one")
-	v1 := w.Release(t, ct.Motd("1.0"), nil)
-	waitFingerprint(t, c, "motd", v1)
-	spec := ct.Spec("ace", "motd")
+	v1 := w.Release(t, ct.SSHD("1.0", ""), nil)
+	waitFingerprint(t, c, "sshd", v1)
+	spec := ct.Spec("ace", "sshd")
 	c.PutNode(t, spec)
 	rec := w.RecordWrites(t, natsx.BucketAssignments)
 	if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
@@ -319,10 +321,10 @@ func TestCommitPoint(t *testing.T) {
 		t.Fatalf("first commit %v; want one Create", got)
 	}
 	// Pin the module on the node and release v2: the want stays at v1.
-	spec.Policies = map[string]*typev1.Policy{"motd": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_PINNED, "frozen")}
+	spec.Policies = map[string]*typev1.Policy{"sshd": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_PINNED, "frozen")}
 	c.PutNode(t, spec)
-	v2 := w.Release(t, ct.Motd("2.0"), nil)
-	waitFingerprint(t, c, "motd", v2)
+	v2 := w.Release(t, ct.SSHD("2.0", ""), nil)
+	waitFingerprint(t, c, "sshd", v2)
 	mark := rec.Mark()
 	if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
 		t.Fatal(res.Err)
@@ -332,18 +334,21 @@ func TestCommitPoint(t *testing.T) {
 		t.Fatalf("second commit %v; want one Update at r%d", got, rev1)
 	}
 	a, _, _ := w.Assignment(t, "ace")
-	if ct.Want(a, "motd").GetFingerprint() != v1 || len(a.GetHolds()) != 1 {
+	if ct.Want(a, "sshd").GetFingerprint() != v1 || len(a.GetHolds()) != 1 {
 		t.Fatalf("wants %v holds %v", a.GetWants(), a.GetHolds())
 	}
-	// The composition v1's want names is lost: the assignment may not name
-	// it any more.
-	ct.Must(t, w.KV(t, natsx.BucketCompositions).Delete(context.Background(), ct.Want(a, "motd").GetCompositionKey()))
+	// The params change, and the composition v1's want names is lost: it
+	// cannot be rebuilt to the same digest, so the assignment may not
+	// name it any more.
+	spec.Modules[0].Params.Fields["port"] = structpb.NewNumberValue(2222)
+	c.PutNode(t, spec)
+	ct.Must(t, w.KV(t, natsx.BucketCompositions).Delete(context.Background(), ct.Want(a, "sshd").GetCompositionKey()))
 	if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
 		t.Fatal(res.Err)
 	}
 	a, _, _ = w.Assignment(t, "ace")
-	if ct.Want(a, "motd") != nil {
-		t.Errorf("the assignment wants a composition that is not held: %v", ct.Want(a, "motd"))
+	if ct.Want(a, "sshd") != nil {
+		t.Errorf("the assignment wants a composition that is not held: %v", ct.Want(a, "sshd"))
 	}
 	if len(a.GetHolds()) != 1 || !strings.Contains(a.GetHolds()[0].GetReason(), "is no longer held") {
 		t.Errorf("holds %v", a.GetHolds())

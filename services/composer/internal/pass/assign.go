@@ -71,7 +71,7 @@ func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds
 		hold := &composerv1.Hold{Module: m, Fingerprint: nw.GetFingerprint(), CompositionKey: it.key, CompositionDigest: it.digest,
 			Judgement: it.judged.Judgement, Words: it.judged.Words, Reason: why, Policy: it.policy.Policy, PolicyFrom: it.policy.From}
 		if prev != nil {
-			c, err := p.heldComposition(ctx, prev)
+			c, err := p.heldOrRebuilt(ctx, st, prev)
 			switch {
 			case err == nil:
 				wants = append(wants, prev)

@@ -161,6 +161,8 @@ type nodeState struct {
 	// listing failed; written the keys this pass wrote since.
 	listed  map[string]bool
 	written []string
+	// mode is the pass's: a Plan rebuilds nothing.
+	mode Mode
 }
 
 func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
@@ -227,6 +229,7 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	if err != nil {
 		return nil, err
 	}
+	st.mode = mode
 	res := &Result{Node: node}
 	var errs []error
 	fail := func(err error) {
