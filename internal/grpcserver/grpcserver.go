@@ -49,6 +49,9 @@ type Config struct {
 	// Addr is the TCP address Listen and Serve listen on, e.g. ":7001" or
 	// "127.0.0.1:0".
 	Addr string
+	// Listener, when set, is served instead of listening on Addr (tests and
+	// the one-process dev mesh open theirs first to learn the address).
+	Listener net.Listener
 	// TLS must require TLS 1.3 and verified client certificates
 	// (pki.ServerTLS does); Build refuses anything weaker.
 	TLS *tls.Config
@@ -283,6 +286,10 @@ func (s *Server) Listen() (net.Addr, error) {
 	if s.lis != nil {
 		return s.lis.Addr(), nil
 	}
+	if s.cfg.Listener != nil {
+		s.lis = s.cfg.Listener
+		return s.lis.Addr(), nil
+	}
 	lis, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("grpcserver: listen: %w", err)
@@ -320,6 +327,19 @@ func (s *Server) Serve(ctx context.Context) error {
 	lis := s.lis
 	s.mu.Unlock()
 	return s.ServeListener(ctx, lis)
+}
+
+// Run listens (or takes Config.Listener), tells ready the address, and
+// serves until ctx is done: what every service's Serve does.
+func (s *Server) Run(ctx context.Context, ready func(net.Addr)) error {
+	addr, err := s.Listen()
+	if err != nil {
+		return err
+	}
+	if ready != nil {
+		ready(addr)
+	}
+	return s.Serve(ctx)
 }
 
 // ServeListener is Serve on a listener the caller opened.

@@ -170,9 +170,8 @@ type Catalog struct {
 	server *grpcserver.Server
 	log    *slog.Logger
 	// nats is the JetStream the catalog opened (nil when one was given).
-	nats     *natsx.Opened
-	js       jetstream.JetStream
-	listener net.Listener
+	nats *natsx.Opened
+	js   jetstream.JetStream
 }
 
 // New connects to JetStream (or starts the embedded server), creates or
@@ -185,7 +184,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Catalog, err error) 
 	if log == nil {
 		log = slog.Default()
 	}
-	c := &Catalog{log: log, listener: opts.Listener}
+	c := &Catalog{log: log}
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -236,7 +235,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Catalog, err error) 
 		return nil, err
 	}
 	c.server, err = grpcserver.Build(grpcserver.Config{
-		Addr: cfg.Listen, TLS: serverTLS, Policy: Policy(), Logger: log,
+		Addr: cfg.Listen, Listener: opts.Listener, TLS: serverTLS, Policy: Policy(), Logger: log,
 		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider,
 		ServerOptions: opts.ServerOptions,
 	}, c.Service.Register)
@@ -279,20 +278,7 @@ func (c *Catalog) Serve(ctx context.Context, ready func(net.Addr)) error {
 	}()
 	go c.sweep(bg)
 	go c.health(bg)
-	if c.listener != nil {
-		if ready != nil {
-			ready(c.listener.Addr())
-		}
-		return c.server.ServeListener(ctx, c.listener)
-	}
-	addr, err := c.server.Listen()
-	if err != nil {
-		return err
-	}
-	if ready != nil {
-		ready(addr)
-	}
-	return c.server.Serve(ctx)
+	return c.server.Run(ctx, ready)
 }
 
 // sweep purges the chunks of uploads that died with their catalog, at start

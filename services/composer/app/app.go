@@ -160,11 +160,10 @@ type Composer struct {
 	// Sweeper deletes objects no composition names (lease holder only).
 	Sweeper *objects.Sweeper
 
-	cfg      Config
-	log      *slog.Logger
-	server   *grpcserver.Server
-	listener net.Listener
-	closers  []func()
+	cfg     Config
+	log     *slog.Logger
+	server  *grpcserver.Server
+	closers []func()
 }
 
 // New connects to NATS, the signer and the catalog and builds the composer.
@@ -178,7 +177,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	c := &Composer{cfg: cfg, log: log, listener: opts.Listener}
+	c := &Composer{cfg: cfg, log: log}
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -277,7 +276,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 			return spec.GetLabels()
 		}})
 	c.server, err = grpcserver.Build(grpcserver.Config{
-		Addr: cfg.Listen, TLS: serverTLS, Policy: Policy(), Logger: log,
+		Addr: cfg.Listen, Listener: opts.Listener, TLS: serverTLS, Policy: Policy(), Logger: log,
 		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider,
 		// Age connections out so engines rebalance across replicas.
 		MaxConnectionAge: time.Hour,
@@ -368,11 +367,8 @@ func (c *Composer) lead(ctx context.Context) {
 // watch, the lease (whose tenure runs passes) and the gRPC server.
 func (c *Composer) Serve(ctx context.Context, ready func(net.Addr)) error {
 	defer c.Close()
-	var addr net.Addr
-	var err error
-	if c.listener != nil {
-		addr = c.listener.Addr()
-	} else if addr, err = c.server.Listen(); err != nil {
+	addr, err := c.server.Listen()
+	if err != nil {
 		return err
 	}
 	if ready != nil {
@@ -399,9 +395,6 @@ func (c *Composer) Serve(ctx context.Context, ready func(net.Addr)) error {
 // ServeGRPC serves the composer's gRPC API on its listener until ctx is done
 // (Serve runs it beside every other loop).
 func (c *Composer) ServeGRPC(ctx context.Context) error {
-	if c.listener != nil {
-		return c.server.ServeListener(ctx, c.listener)
-	}
 	return c.server.Serve(ctx)
 }
 

@@ -163,7 +163,6 @@ type Engine struct {
 	store  *state.DB
 	conns  []*grpc.ClientConn
 	sync   syncclient.Config
-	lis    net.Listener
 	ready  func(net.Addr)
 }
 
@@ -213,7 +212,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Engine, err error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	a := &Engine{log: log, lis: opts.AdminListener, ready: opts.Ready}
+	a := &Engine{log: log, ready: opts.Ready}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -293,7 +292,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Engine, err error) {
 	}
 	a.sync = syncclient.Config{Client: composer, Engine: a.Engine, BackoffBase: opts.SyncBackoffBase, BackoffMax: opts.SyncBackoffMax, Logger: log}
 	a.server, err = grpcserver.Build(grpcserver.Config{
-		Addr: cfg.AdminListen, TLS: serverTLS, Policy: admin.Policy(a.Node), Logger: log,
+		Addr: cfg.AdminListen, Listener: opts.AdminListener, TLS: serverTLS, Policy: admin.Policy(a.Node), Logger: log,
 		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider,
 		ServerOptions: opts.ServerOptions,
 	}, admin.New(a.Engine, log).Register)
@@ -327,22 +326,7 @@ func (a *Engine) Run(ctx context.Context) error {
 	err := supervise.Run(ctx,
 		supervise.Task{Name: "passes", Run: a.Engine.Run},
 		supervise.Task{Name: "sync", Run: func(ctx context.Context) error { return syncclient.Run(ctx, a.sync) }},
-		supervise.Task{Name: "admin", Run: func(ctx context.Context) error {
-			if a.lis != nil {
-				if a.ready != nil {
-					a.ready(a.lis.Addr())
-				}
-				return a.server.ServeListener(ctx, a.lis)
-			}
-			addr, err := a.server.Listen()
-			if err != nil {
-				return err
-			}
-			if a.ready != nil {
-				a.ready(addr)
-			}
-			return a.server.Serve(ctx)
-		}},
+		supervise.Task{Name: "admin", Run: func(ctx context.Context) error { return a.server.Run(ctx, a.ready) }},
 	)
 	if err != nil {
 		a.log.Error("node engine stopped", "error", err)

@@ -145,8 +145,6 @@ type Signer struct {
 	state   *state.Store
 	conn    *grpc.ClientConn
 	reload  time.Duration
-	// listener, when set, is served instead of Config.Listen.
-	listener net.Listener
 }
 
 // New opens the state and audit log, loads the key and keyset (refusing to
@@ -158,7 +156,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Signer, err error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Signer{log: log, reload: time.Duration(cfg.KeysetReload), listener: opts.Listener}
+	s := &Signer{log: log, reload: time.Duration(cfg.KeysetReload)}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -224,7 +222,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Signer, err error) {
 		return nil, fmt.Errorf("audit start: %w", err)
 	}
 	s.server, err = grpcserver.Build(grpcserver.Config{
-		Addr: cfg.Listen, TLS: serverTLS, Policy: Policy(), Logger: log,
+		Addr: cfg.Listen, Listener: opts.Listener, TLS: serverTLS, Policy: Policy(), Logger: log,
 		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider,
 		ServerOptions: opts.ServerOptions,
 	}, s.Service.Register)
@@ -242,20 +240,7 @@ func (s *Signer) Serve(ctx context.Context, ready func(net.Addr)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go s.Service.WatchKeyset(ctx, s.reload)
-	if s.listener != nil {
-		if ready != nil {
-			ready(s.listener.Addr())
-		}
-		return s.server.ServeListener(ctx, s.listener)
-	}
-	addr, err := s.server.Listen()
-	if err != nil {
-		return err
-	}
-	if ready != nil {
-		ready(addr)
-	}
-	return s.server.Serve(ctx)
+	return s.server.Run(ctx, ready)
 }
 
 // Close releases the state, the audit log and the catalog connection.
