@@ -12,10 +12,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"mesh.dev/internal/config"
+	"mesh.dev/internal/svcmain"
 	"mesh.dev/internal/telemetry"
 	"mesh.dev/services/catalog/app"
 )
@@ -68,8 +67,8 @@ func serve(args []string) error {
 	if err := config.Load(*configFile, &cfg); err != nil {
 		return err
 	}
-	override(&cfg.Listen, over.Listen)
-	override(&cfg.MetricsListen, over.MetricsListen)
+	svcmain.Override(&cfg.Listen, over.Listen)
+	svcmain.Override(&cfg.MetricsListen, over.MetricsListen)
 	if over.NATS.URL != "" {
 		// A URL on the command line replaces an embedded server of the file.
 		cfg.NATS.EmbeddedDir, cfg.NATS.EmbeddedListen = "", ""
@@ -77,13 +76,13 @@ func serve(args []string) error {
 	if over.NATS.EmbeddedDir != "" {
 		cfg.NATS.URL = ""
 	}
-	override(&cfg.NATS.EmbeddedDir, over.NATS.EmbeddedDir)
-	override(&cfg.NATS.EmbeddedListen, over.NATS.EmbeddedListen)
-	override(&cfg.NATS.URL, over.NATS.URL)
-	override(&cfg.NATS.CAFile, over.NATS.CAFile)
-	override(&cfg.NATS.CertFile, over.NATS.CertFile)
-	override(&cfg.NATS.KeyFile, over.NATS.KeyFile)
-	override(&cfg.NATS.CredsFile, over.NATS.CredsFile)
+	svcmain.Override(&cfg.NATS.EmbeddedDir, over.NATS.EmbeddedDir)
+	svcmain.Override(&cfg.NATS.EmbeddedListen, over.NATS.EmbeddedListen)
+	svcmain.Override(&cfg.NATS.URL, over.NATS.URL)
+	svcmain.Override(&cfg.NATS.CAFile, over.NATS.CAFile)
+	svcmain.Override(&cfg.NATS.CertFile, over.NATS.CertFile)
+	svcmain.Override(&cfg.NATS.KeyFile, over.NATS.KeyFile)
+	svcmain.Override(&cfg.NATS.CredsFile, over.NATS.CredsFile)
 	if over.NATS.Replicas != 0 {
 		cfg.NATS.Replicas = over.NATS.Replicas
 	}
@@ -92,22 +91,12 @@ func serve(args []string) error {
 		return err
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	metricsAddr := cfg.MetricsListen
 	if metricsAddr == app.MetricsOff {
 		metricsAddr = ""
 	}
-	tel, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "mesh-catalog", MetricsAddr: metricsAddr, Global: true})
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	defer tel.Shutdown(context.Background())
-	return app.Run(ctx, cfg, app.Options{Logger: tel.Logger, TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
+	return svcmain.Serve("mesh-catalog", "", metricsAddr, func(ctx context.Context, tel *telemetry.Telemetry) error {
+		return app.Run(ctx, cfg, app.Options{Logger: tel.Logger, TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
+	})
 }
 
-func override(dst *string, v string) {
-	if v != "" {
-		*dst = v
-	}
-}

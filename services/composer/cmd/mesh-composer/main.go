@@ -12,10 +12,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"mesh.dev/internal/config"
+	"mesh.dev/internal/svcmain"
 	"mesh.dev/internal/telemetry"
 	"mesh.dev/services/composer/app"
 )
@@ -46,11 +45,6 @@ func run(args []string) error {
 	return fmt.Errorf("unknown command %q\n%s", args[0], usage)
 }
 
-func override(dst *string, v string) {
-	if v != "" {
-		*dst = v
-	}
-}
 
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -70,11 +64,11 @@ func serve(args []string) error {
 	if err := config.Load(*configFile, &cfg); err != nil {
 		return err
 	}
-	override(&cfg.Listen, over.Listen)
-	override(&cfg.MetricsListen, over.MetricsListen)
-	override(&cfg.SignerAddr, over.SignerAddr)
-	override(&cfg.CatalogAddr, over.CatalogAddr)
-	override(&cfg.Holder, over.Holder)
+	svcmain.Override(&cfg.Listen, over.Listen)
+	svcmain.Override(&cfg.MetricsListen, over.MetricsListen)
+	svcmain.Override(&cfg.SignerAddr, over.SignerAddr)
+	svcmain.Override(&cfg.CatalogAddr, over.CatalogAddr)
+	svcmain.Override(&cfg.Holder, over.Holder)
 	if over.NATS.URL != "" {
 		cfg.NATS.EmbeddedDir, cfg.NATS.URL = "", over.NATS.URL
 	}
@@ -86,12 +80,7 @@ func serve(args []string) error {
 		return err
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	tel, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "mesh-composer", MetricsAddr: cfg.MetricsListen, Global: true})
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	defer tel.Shutdown(context.Background())
-	return app.Run(ctx, cfg, app.Options{Logger: tel.Logger, TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
+	return svcmain.Serve("mesh-composer", "", cfg.MetricsListen, func(ctx context.Context, tel *telemetry.Telemetry) error {
+		return app.Run(ctx, cfg, app.Options{Logger: tel.Logger, TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
+	})
 }

@@ -12,10 +12,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"mesh.dev/internal/config"
+	"mesh.dev/internal/svcmain"
 	"mesh.dev/internal/telemetry"
 	"mesh.dev/services/nodeengine/app"
 )
@@ -75,12 +74,7 @@ func run(args []string) error {
 		return err
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	tel, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "mesh-nodeengine", ServiceVersion: app.Version, MetricsAddr: cfg.MetricsListen, Global: true})
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	defer tel.Shutdown(context.Background())
-	return app.Run(ctx, cfg, app.Options{Logger: tel.Logger, TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
+	return svcmain.Serve("mesh-nodeengine", app.Version, cfg.MetricsListen, func(ctx context.Context, tel *telemetry.Telemetry) error {
+		return app.Run(ctx, cfg, app.Options{Logger: tel.Logger, TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
+	})
 }

@@ -14,13 +14,12 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 
 	"mesh.dev/internal/config"
 	"mesh.dev/internal/envelope"
 	"mesh.dev/internal/keyfile"
+	"mesh.dev/internal/svcmain"
 	"mesh.dev/internal/telemetry"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 	"mesh.dev/services/signer/app"
@@ -143,14 +142,9 @@ func serve(args []string) error {
 		return err
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	tel, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "mesh-signer", MetricsAddr: cfg.MetricsListen, Global: true})
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	defer tel.Shutdown(context.Background())
-	return app.Run(ctx, cfg, app.Options{Logger: tel.Logger, TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
+	return svcmain.Serve("mesh-signer", "", cfg.MetricsListen, func(ctx context.Context, tel *telemetry.Telemetry) error {
+		return app.Run(ctx, cfg, app.Options{Logger: tel.Logger, TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
+	})
 }
 
 func verifyAudit(args []string) error {
