@@ -166,7 +166,10 @@ Rotation: --from keyset.json --key new.pub.json --state OLDID=retired (then late
 				if err != nil {
 					return err
 				}
-				k.NotBefore = timestamppb.New(now.Add(-5 * time.Minute))
+				// Valid from the clock skew an engine is allowed before
+				// now (DESIGN.md §7): an engine whose clock is behind by
+				// less than that must not refuse what the new key signs.
+				k.NotBefore = timestamppb.New(now.Add(-verify.Skew))
 				k.NotAfter = timestamppb.New(now.Add(keyValid))
 				replaced := false
 				for i, old := range ks.Keys {

@@ -99,4 +99,3 @@ func serve(args []string) error {
 		return app.Run(ctx, cfg, app.Options{Logger: tel.Logger, TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
 	})
 }
-

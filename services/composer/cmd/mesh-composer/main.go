@@ -45,7 +45,6 @@ func run(args []string) error {
 	return fmt.Errorf("unknown command %q\n%s", args[0], usage)
 }
 
-
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	configFile := fs.String("config", "", "YAML config file (unknown keys are refused)")
