@@ -41,7 +41,7 @@ import (
 // Defaults of Options.
 const (
 	DefaultEngines = 200
-	DefaultWorkers = 8
+	DefaultWorkers = 64
 	DefaultTimeout = 15 * time.Minute
 )
 
@@ -52,7 +52,7 @@ type Options struct {
 	// LazySync runs the embedded JetStream with periodic fsync instead of
 	// sync_interval always.
 	LazySync bool
-	// Workers is how many nodes the composer composes at once (default 8);
+	// Workers is how many nodes the composer composes at once (default 64);
 	// the raw baseline writes with as many writers.
 	Workers int
 	// Dir holds JetStream, keys and certificates (default a new temp dir,

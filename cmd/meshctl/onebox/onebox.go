@@ -64,7 +64,7 @@ type Options struct {
 	// one-machine default); benchmarks compare the two.
 	LazySync bool
 	// ComposerWorkers is how many nodes the composer composes at once
-	// (default 8).
+	// (default the composer's).
 	ComposerWorkers int
 }
 
@@ -173,9 +173,6 @@ func Start(ctx context.Context, opts Options) (_ *Mesh, err error) {
 	}
 	if opts.Nodes < 0 {
 		return nil, fmt.Errorf("onebox: %d nodes", opts.Nodes)
-	}
-	if opts.ComposerWorkers <= 0 {
-		opts.ComposerWorkers = 8
 	}
 	if opts.LogOutput == nil {
 		opts.LogOutput = io.Discard

@@ -67,7 +67,7 @@ type Config struct {
 	NATS natsx.ServiceConfig `yaml:"nats"`
 	// LeaseTTL is how long the lease outlives its holder (default 15s).
 	LeaseTTL config.Duration `yaml:"lease_ttl"`
-	// Workers is how many nodes are composed at once (default 16).
+	// Workers is how many nodes are composed at once (default 32).
 	Workers int `yaml:"workers"`
 	// ReconcilePeriod is how often every node is visited (default 15m).
 	ReconcilePeriod config.Duration `yaml:"reconcile_period"`
@@ -84,7 +84,9 @@ func (c *Config) Defaults() {
 		c.LeaseTTL = config.Duration(15 * time.Second)
 	}
 	if c.Workers == 0 {
-		c.Workers = 16
+		// Passes mostly wait on the signer and JetStream round trips, so
+		// far more run at once than there are cores.
+		c.Workers = 32
 	}
 	if c.ReconcilePeriod == 0 {
 		c.ReconcilePeriod = config.Duration(15 * time.Minute)
