@@ -46,6 +46,13 @@ type Matrix struct {
 	// Policy is the server's policy; the platform rules are added as the
 	// server adds them.
 	Policy authz.Policy
+	// Expect is what the test says each full method allows, written out
+	// independently of Policy: the roles that may call it and whether it
+	// requires node:self. A method without an expectation, or whose policy
+	// rule differs from it, fails the test; the calls are then judged
+	// against Expect, so a rule opened to another role fails even if the
+	// server enforces it faithfully.
+	Expect map[string]Expectation
 	// Requests holds the request to send per full method; an empty message
 	// is sent for a method not listed. A method whose rule has node:self
 	// and allows nodes needs one naming Node: the matrix then calls it as
@@ -57,6 +64,24 @@ type Matrix struct {
 	// Timeout bounds each call; DefaultTimeout when zero.
 	Timeout time.Duration
 }
+
+// Expectation is the expected rule of one method.
+type Expectation struct {
+	Roles []identity.Role
+	// Self is set when a node may call it only for itself.
+	Self bool
+}
+
+// Allow is an Expectation for roles.
+func Allow(roles ...identity.Role) Expectation { return Expectation{Roles: roles} }
+
+// Anyone is the Expectation of a method every authenticated role may call.
+func Anyone() Expectation { return Allow(identity.Roles()...) }
+
+// AndSelf marks an Expectation as node:self.
+func (e Expectation) AndSelf() Expectation { e.Self = true; return e }
+
+func (e Expectation) allows(r identity.Role) bool { return slices.Contains(e.Roles, r) }
 
 // caller is one identity of the matrix and the label of its subtests.
 type caller struct {
@@ -113,8 +138,21 @@ func RunMatrix(t *testing.T, m Matrix) {
 				if !ok {
 					continue // reported above
 				}
+				want, ok := m.Expect[full]
+				if !ok {
+					t.Errorf("authztest: %s has no expectation in Matrix.Expect", full)
+					continue
+				}
+				for _, r := range identity.Roles() {
+					if rule.Allows(r) != want.allows(r) {
+						t.Errorf("authztest: the policy of %s allows role %s: %v, the test expects %v", full, r, rule.Allows(r), want.allows(r))
+					}
+				}
+				if (rule.NodeSelf != nil) != want.Self {
+					t.Errorf("authztest: the policy of %s has node:self %v, the test expects %v", full, rule.NodeSelf != nil, want.Self)
+				}
 				req, hasReq := m.Requests[full]
-				self := rule.NodeSelf != nil && rule.Allows(identity.RoleNode)
+				self := want.Self && want.allows(identity.RoleNode)
 				if self && !hasReq {
 					t.Errorf("authztest: %s requires node:self; give Matrix.Requests a request naming node %q", full, m.Node)
 				}
@@ -123,7 +161,7 @@ func RunMatrix(t *testing.T, m Matrix) {
 					run = append(slices.Clone(callers), other)
 				}
 				for _, c := range run {
-					allowed := rule.Allows(c.id.Role) && c.label != other.label
+					allowed := want.allows(c.id.Role) && c.label != other.label
 					t.Run(string(md.Name())+"/"+c.label, func(t *testing.T) {
 						t.Parallel()
 						code, err := call(t, conns[c.label], md, req, m.Timeout)

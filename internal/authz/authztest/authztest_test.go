@@ -89,6 +89,28 @@ func startServer(t *testing.T, p *testutil.PKI, policy authz.Policy) string {
 	return addr
 }
 
+// testExpect is what testPolicy allows, written out as a matrix test pins
+// its service's policy.
+func testExpect() map[string]authztest.Expectation {
+	e := map[string]authztest.Expectation{
+		signerv1.SignerService_SignCompositions_FullMethodName:   authztest.Allow(identity.RoleComposer),
+		signerv1.SignerService_SignManifests_FullMethodName:      authztest.Allow(identity.RoleComposer),
+		signerv1.SignerService_Fence_FullMethodName:              authztest.Allow(identity.RoleComposer),
+		signerv1.SignerService_GetKeyset_FullMethodName:          authztest.Anyone(),
+		composerv1.ComposerService_GetComposition_FullMethodName: authztest.Allow(identity.RoleNode, identity.RoleOperator).AndSelf(),
+		composerv1.ComposerService_GetObject_FullMethodName:      authztest.Allow(identity.RoleNode, identity.RoleOperator).AndSelf(),
+		composerv1.SyncService_Sync_FullMethodName:               authztest.Allow(identity.RoleNode).AndSelf(),
+	}
+	methods := composerService.Methods()
+	for i := range methods.Len() {
+		full := "/" + string(composerService.FullName()) + "/" + string(methods.Get(i).Name())
+		if _, ok := e[full]; !ok {
+			e[full] = authztest.Allow(identity.RoleOperator)
+		}
+	}
+	return e
+}
+
 // TestMatrix runs the matrix over real generated services with
 // unimplemented handlers: an allowed call reaches the handler and gets
 // UNIMPLEMENTED, a denied one PERMISSION_DENIED; node:self is exercised on a
@@ -102,6 +124,7 @@ func TestMatrix(t *testing.T) {
 		PKI:      p,
 		Services: []protoreflect.ServiceDescriptor{signerService, composerService, syncService},
 		Policy:   policy,
+		Expect:   testExpect(),
 		Requests: map[string]proto.Message{
 			composerv1.ComposerService_GetComposition_FullMethodName: &composerv1.GetCompositionRequest{Key: "ace.node"},
 			composerv1.ComposerService_GetObject_FullMethodName:      &composerv1.GetObjectRequest{CompositionKey: "ace.web.00", Digest: "sha256:00"},

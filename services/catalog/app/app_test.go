@@ -170,11 +170,34 @@ func TestAuthorizationMatrix(t *testing.T) {
 	r := w.start(t)
 	fp := names.FingerprintPrefix + strings.Repeat("ab", 32)
 	digest := names.Digest([]byte("artifact"))
+	const (
+		signer   = identity.RoleSigner
+		composer = identity.RoleComposer
+		node     = identity.RoleNode
+		operator = identity.RoleOperator
+		builder  = identity.RoleBuilder
+	)
 	authztest.RunMatrix(t, authztest.Matrix{
 		Target:   r.addr,
 		PKI:      w.pki,
 		Services: []protoreflect.ServiceDescriptor{catalogv1.File_mesh_catalog_v1_catalog_proto.Services().ByName("CatalogService")},
 		Policy:   app.Policy(),
+		// DESIGN.md §8: builders write entries, builds, artifacts and
+		// registrations (operators may put entries and register by hand);
+		// the readers are named per RPC; nodes and the signer never write.
+		Expect: map[string]authztest.Expectation{
+			catalogv1.CatalogService_PutEntry_FullMethodName:         authztest.Allow(builder, operator),
+			catalogv1.CatalogService_GetEntry_FullMethodName:         authztest.Allow(composer, signer, node, operator, builder),
+			catalogv1.CatalogService_ListEntries_FullMethodName:      authztest.Allow(operator, builder, composer),
+			catalogv1.CatalogService_PutBuild_FullMethodName:         authztest.Allow(builder),
+			catalogv1.CatalogService_GetBuild_FullMethodName:         authztest.Allow(composer, signer, operator, builder, node),
+			catalogv1.CatalogService_UploadArtifact_FullMethodName:   authztest.Allow(builder),
+			catalogv1.CatalogService_DownloadArtifact_FullMethodName: authztest.Anyone(),
+			catalogv1.CatalogService_RegisterModule_FullMethodName:   authztest.Allow(builder, operator),
+			catalogv1.CatalogService_GetModule_FullMethodName:        authztest.Allow(composer, operator, builder, signer),
+			catalogv1.CatalogService_ListModules_FullMethodName:      authztest.Allow(composer, operator, builder, signer),
+			catalogv1.CatalogService_WatchModules_FullMethodName:     authztest.Allow(composer, operator),
+		},
 		Requests: map[string]proto.Message{
 			catalogv1.CatalogService_PutEntry_FullMethodName:         &catalogv1.PutEntryRequest{Entry: entryOf(t, manifest("sshd", "1.0"))},
 			catalogv1.CatalogService_GetEntry_FullMethodName:         &catalogv1.GetEntryRequest{Fingerprint: fp},

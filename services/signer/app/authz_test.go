@@ -6,6 +6,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"mesh.dev/internal/authz/authztest"
+	"mesh.dev/internal/identity"
 	signerv1 "mesh.dev/proto/mesh/signer/v1"
 	"mesh.dev/services/signer/app"
 )
@@ -21,5 +22,13 @@ func TestAuthorizationMatrix(t *testing.T) {
 		PKI:      w.pki,
 		Services: []protoreflect.ServiceDescriptor{signerv1.File_mesh_signer_v1_signer_proto.Services().ByName("SignerService")},
 		Policy:   app.Policy(),
+		// DESIGN.md §8: only the composer signs (and fences); the signer's
+		// keyset is public to every role.
+		Expect: map[string]authztest.Expectation{
+			signerv1.SignerService_SignCompositions_FullMethodName: authztest.Allow(identity.RoleComposer),
+			signerv1.SignerService_SignManifests_FullMethodName:    authztest.Allow(identity.RoleComposer),
+			signerv1.SignerService_Fence_FullMethodName:            authztest.Allow(identity.RoleComposer),
+			signerv1.SignerService_GetKeyset_FullMethodName:        authztest.Anyone(),
+		},
 	})
 }

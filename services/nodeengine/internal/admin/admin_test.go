@@ -32,6 +32,13 @@ func TestAuthorizationMatrix(t *testing.T) {
 	sd := nodeenginev1.File_mesh_nodeengine_v1_nodeengine_proto.Services().ByName("NodeEngineService")
 	authztest.RunMatrix(t, authztest.Matrix{
 		Target: addr, PKI: p, Services: []protoreflect.ServiceDescriptor{sd}, Policy: policy,
+		// DESIGN.md §7: the local admin API answers operators and the
+		// engine's own node, never another node or a service.
+		Expect: map[string]authztest.Expectation{
+			nodeenginev1.NodeEngineService_GetStatus_FullMethodName:  authztest.Allow(identity.RoleOperator, identity.RoleNode).AndSelf(),
+			nodeenginev1.NodeEngineService_FirstViews_FullMethodName: authztest.Allow(identity.RoleOperator, identity.RoleNode).AndSelf(),
+			nodeenginev1.NodeEngineService_EntryAgain_FullMethodName: authztest.Allow(identity.RoleOperator, identity.RoleNode).AndSelf(),
+		},
 		Requests: map[string]proto.Message{
 			nodeenginev1.NodeEngineService_GetStatus_FullMethodName:  &nodeenginev1.GetStatusRequest{},
 			nodeenginev1.NodeEngineService_FirstViews_FullMethodName: &nodeenginev1.FirstViewsRequest{},
