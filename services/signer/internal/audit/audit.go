@@ -85,7 +85,14 @@ type Log struct {
 	f    *os.File
 	seq  uint64
 	prev string
-	now  func() time.Time
+	// end is the file's size after the last acknowledged record.
+	end int64
+	// broken is set when a failed append may have left bytes after end
+	// that could not be cut off: appending after them would break the
+	// chain, so every later append fails until the signer restarts (and
+	// Open cuts or keeps what is there).
+	broken error
+	now    func() time.Time
 }
 
 // Open opens (or creates) the log at path, verifies the chain and positions
@@ -112,11 +119,12 @@ func Open(path string) (l *Log, torn bool, err error) {
 			return nil, false, err
 		}
 	}
-	if _, err := f.Seek(0, io.SeekEnd); err != nil {
+	end, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
 		f.Close()
 		return nil, false, err
 	}
-	return &Log{f: f, seq: res.last.Seq, prev: res.prev, now: time.Now}, res.tornAt >= 0, nil
+	return &Log{f: f, seq: res.last.Seq, prev: res.prev, end: end, now: time.Now}, res.tornAt >= 0, nil
 }
 
 // Append fills in seq, time, prev and hash, writes the record and fsyncs it.
@@ -126,6 +134,9 @@ func (l *Log) Append(r Record) (Record, error) {
 	defer l.mu.Unlock()
 	if l.f == nil {
 		return Record{}, errors.New("audit log is closed")
+	}
+	if l.broken != nil {
+		return Record{}, fmt.Errorf("audit log refuses appends after an earlier failure (restart the signer): %w", l.broken)
 	}
 	r.Seq = l.seq + 1
 	r.Time = l.now().UTC()
@@ -141,13 +152,38 @@ func (l *Log) Append(r Record) (Record, error) {
 	}
 	b = append(b, '\n')
 	if _, err := l.f.Write(b); err != nil {
-		return Record{}, fmt.Errorf("write audit record: %w", err)
+		err = fmt.Errorf("write audit record: %w", err)
+		l.cut(err)
+		return Record{}, err
 	}
 	if err := l.f.Sync(); err != nil {
-		return Record{}, fmt.Errorf("fsync audit record: %w", err)
+		// After a failed fsync the kernel may have dropped the dirty
+		// pages and cleared the error: what is on disk is unknown, so
+		// nothing more is appended in this process.
+		err = fmt.Errorf("fsync audit record: %w", err)
+		l.broken = err
+		return Record{}, err
 	}
 	l.seq, l.prev = r.Seq, r.Hash
+	l.end += int64(len(b))
 	return r, nil
+}
+
+// cut removes what a failed write may have left after the last acknowledged
+// record, so the next record follows it; when that fails too the log stops
+// taking appends.
+func (l *Log) cut(cause error) {
+	if err := l.f.Truncate(l.end); err != nil {
+		l.broken = fmt.Errorf("%w; cutting it off failed: %v", cause, err)
+		return
+	}
+	if _, err := l.f.Seek(l.end, io.SeekStart); err != nil {
+		l.broken = fmt.Errorf("%w; seeking back failed: %v", cause, err)
+		return
+	}
+	if err := l.f.Sync(); err != nil {
+		l.broken = fmt.Errorf("%w; fsync after cutting it off failed: %v", cause, err)
+	}
 }
 
 // Close closes the file.

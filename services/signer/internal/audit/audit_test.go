@@ -98,3 +98,26 @@ func TestTornTailIsCut(t *testing.T) {
 		t.Fatalf("after repair: %+v, %v", rep, err)
 	}
 }
+
+// TestFailedAppendStopsTheLog: an append whose write fails and cannot be cut
+// off leaves the log refusing appends, so no record is ever written after a
+// partial one (which would break the chain and stop the signer's next start).
+func TestFailedAppendStopsTheLog(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "audit.log")
+	writeN(t, path, 2)
+	l, _, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.f.Close() // every write, truncate and fsync now fails
+	if _, err := l.Append(Record{Kind: KindStart}); err == nil || !strings.Contains(err.Error(), "write audit record") {
+		t.Fatalf("Append on a failing file = %v, want the write error", err)
+	}
+	if _, err := l.Append(Record{Kind: KindStart}); err == nil || !strings.Contains(err.Error(), "refuses appends after an earlier failure") {
+		t.Fatalf("Append after a failed one = %v, want a refusal", err)
+	}
+	if rep, err := Verify(path); err != nil || rep.Records != 2 || rep.Torn {
+		t.Fatalf("the log after the failures: %+v, %v", rep, err)
+	}
+}

@@ -42,6 +42,8 @@ func (s *Server) SignManifests(ctx context.Context, req *signerv1.SignManifestsR
 }
 
 func (s *Server) signManifests(ctx context.Context, method string, req *signerv1.SignManifestsRequest) (*signerv1.SignManifestsResponse, error) {
+	s.epochMu.RLock()
+	defer s.epochMu.RUnlock()
 	if err := s.checkEpoch(req.GetFencingEpoch()); err != nil {
 		return nil, s.refuse(ctx, method, 0, err)
 	}
@@ -71,13 +73,10 @@ func (s *Server) signManifests(ctx context.Context, method string, req *signerv1
 		}
 	}
 	ring := s.cfg.Keysets.Current()
-	signingKey := s.cfg.Keysets.SigningKey()
 	now := s.cfg.Now()
-	if signingKey == nil || signingKey.GetState() != typev1.KeyState_KEY_STATE_ACTIVE {
-		return nil, s.refuse(ctx, method, 0, fmt.Errorf("%w: the signer's key is not ACTIVE in keyset version %d", errPrecondition, ring.Version()))
-	}
-	if ring.Expired(now) {
-		return nil, s.refuse(ctx, method, 0, fmt.Errorf("%w: keyset version %d has expired; load a new one", errPrecondition, ring.Version()))
+	signingKey, err := s.signingKeyValid(now)
+	if err != nil {
+		return nil, s.refuse(ctx, method, 0, err)
 	}
 
 	// The size limit is judged before revisions are assigned, with the
@@ -93,24 +92,23 @@ func (s *Server) signManifests(ctx context.Context, method string, req *signerv1
 		}
 	}
 
-	pre := make([]audit.Item, len(items))
-	for i, m := range items {
-		pre[i] = audit.Item{Key: m.GetNode(), Digest: "pending"}
-	}
-	reqRec, err := s.cfg.Audit.Append(audit.Record{
-		Kind: audit.KindRequest, Method: method, Caller: caller(ctx), Epoch: req.GetFencingEpoch(),
-		KeyID: s.cfg.Key.KeyID(), Items: pre, TraceID: traceID(ctx),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("audit request: %w", err)
-	}
+	// Revisions are assigned (and durable) before the request record, so
+	// the request record lists the digests of exactly what is then signed.
+	// A crash in between consumes revisions and signs nothing: a gap an
+	// engine never sees, since it only ever sees higher revisions.
 	revReqs := make([]state.RevisionRequest, len(items))
 	for i, m := range items {
-		revReqs[i] = state.RevisionRequest{Node: m.GetNode(), Floor: m.GetRevisionFloor()}
+		floor := m.GetRevisionFloor()
+		// An engine refuses a manifest below its keyset's floor; no
+		// revision below it is ever assigned.
+		if kf := ring.Keyset().GetRevisionFloor(); kf > floor {
+			floor = kf
+		}
+		revReqs[i] = state.RevisionRequest{Node: m.GetNode(), Floor: floor}
 	}
 	revisions, err := s.cfg.State.AssignRevisions(revReqs, uint64(now.UnixMilli()))
 	if err != nil {
-		return nil, s.refuse(ctx, method, reqRec.Seq, err)
+		return nil, s.refuse(ctx, method, 0, err)
 	}
 
 	expires := now.Add(s.cfg.ManifestLifetime)
@@ -129,13 +127,20 @@ func (s *Server) signManifests(ctx context.Context, method string, req *signerv1
 		}
 		env, digest, err := envelope.Seal(typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, manifest)
 		if err != nil {
-			return nil, s.refuse(ctx, method, reqRec.Seq, err)
+			return nil, s.refuse(ctx, method, 0, err)
 		}
 		if len(env.GetPayload()) > lint.MaxKVValue/2 {
-			return nil, s.refuse(ctx, method, reqRec.Seq, fmt.Errorf("%w: manifests[%d] (%s) is %d bytes encoded, over %d", errInvalid, i, m.GetNode(), len(env.GetPayload()), lint.MaxKVValue/2))
+			return nil, s.refuse(ctx, method, 0, fmt.Errorf("%w: manifests[%d] (%s) is %d bytes encoded, over %d", errInvalid, i, m.GetNode(), len(env.GetPayload()), lint.MaxKVValue/2))
 		}
 		envs[i] = env
 		audited[i] = audit.Item{Digest: digest, Key: m.GetNode(), Revision: revisions[i]}
+	}
+	reqRec, err := s.cfg.Audit.Append(audit.Record{
+		Kind: audit.KindRequest, Method: method, Caller: caller(ctx), Epoch: req.GetFencingEpoch(),
+		KeyID: s.cfg.Key.KeyID(), Items: audited, TraceID: traceID(ctx),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("audit request: %w", err)
 	}
 	return signBatchAfter(ctx, s, method, req.GetFencingEpoch(), reqRec.Seq, envs, audited, func(signed []*signerv1.SignedItem) *signerv1.SignManifestsResponse {
 		s.count(s.signed, ctx, len(signed), attribute.String("type", "manifest"))

@@ -97,8 +97,12 @@ type Server struct {
 	signed  metric.Int64Counter
 	refused metric.Int64Counter
 
-	// epochMu guards epoch, the newest fencing epoch handed out.
-	epochMu sync.Mutex
+	// epochMu guards epoch, the newest fencing epoch handed out. A sign
+	// request holds it for reading from its epoch check until its
+	// signatures are made and audited, and Fence holds it for writing: once
+	// Fence has returned a new epoch, no request that carried an older one
+	// can still be signing.
+	epochMu sync.RWMutex
 	epoch   uint64
 }
 
@@ -161,10 +165,10 @@ func caller(ctx context.Context) string {
 	return "in-process"
 }
 
+// checkEpoch judges a request's fencing epoch; the caller holds epochMu
+// for reading until it has signed.
 func (s *Server) checkEpoch(epoch uint64) error {
-	s.epochMu.Lock()
 	cur := s.epoch
-	s.epochMu.Unlock()
 	switch {
 	case cur == 0:
 		return fmt.Errorf("%w: no fencing epoch was handed out yet: call Fence first", errPrecondition)
@@ -201,6 +205,26 @@ func traceID(ctx context.Context) string {
 		return sc.TraceID().String()
 	}
 	return ""
+}
+
+// signingKeyValid checks that the signer may sign now: the keyset it serves
+// is unexpired and lists its key as ACTIVE and within its validity window.
+// Both are checked at start; this catches a keyset or key that lapses while
+// the signer runs, so nothing is signed that every engine would refuse.
+func (s *Server) signingKeyValid(now time.Time) (*typev1.KeysetKey, error) {
+	ring := s.cfg.Keysets.Current()
+	key := s.cfg.Keysets.SigningKey()
+	switch {
+	case key == nil || key.GetState() != typev1.KeyState_KEY_STATE_ACTIVE:
+		return nil, fmt.Errorf("%w: the signer's key is not ACTIVE in keyset version %d", errPrecondition, ring.Version())
+	case ring.Expired(now):
+		return nil, fmt.Errorf("%w: keyset version %d has expired; load a new one", errPrecondition, ring.Version())
+	case key.GetNotBefore() != nil && now.Before(key.GetNotBefore().AsTime()):
+		return nil, fmt.Errorf("%w: the signer's key %s is valid only from %s", errPrecondition, s.cfg.Key.KeyID(), key.GetNotBefore().AsTime().UTC().Format(time.RFC3339))
+	case key.GetNotAfter() != nil && !now.Before(key.GetNotAfter().AsTime()):
+		return nil, fmt.Errorf("%w: the signer's key %s was valid until %s", errPrecondition, s.cfg.Key.KeyID(), key.GetNotAfter().AsTime().UTC().Format(time.RFC3339))
+	}
+	return key, nil
 }
 
 // checkOwn checks that a node's own composition writes only under the own
@@ -272,7 +296,12 @@ func (s *Server) SignCompositions(ctx context.Context, req *signerv1.SignComposi
 }
 
 func (s *Server) signCompositions(ctx context.Context, method string, req *signerv1.SignCompositionsRequest) (*signerv1.SignCompositionsResponse, error) {
+	s.epochMu.RLock()
+	defer s.epochMu.RUnlock()
 	if err := s.checkEpoch(req.GetFencingEpoch()); err != nil {
+		return nil, s.refuse(ctx, method, 0, err)
+	}
+	if _, err := s.signingKeyValid(s.cfg.Now()); err != nil {
 		return nil, s.refuse(ctx, method, 0, err)
 	}
 	comps := req.GetCompositions()
