@@ -101,6 +101,7 @@ type CatalogServiceClient interface {
 	GetModule(ctx context.Context, in *GetModuleRequest, opts ...grpc.CallOption) (*GetModuleResponse, error)
 	// ListModules returns every module's current registration, by module.
 	// Callers: composer, operator, builder, signer.
+	// Codes: INTERNAL (the catalog-modules bucket cannot be read).
 	ListModules(ctx context.Context, in *ListModulesRequest, opts ...grpc.CallOption) (*ListModulesResponse, error)
 	// WatchModules streams registrations. Protocol: 1. every current
 	// registration with a revision above from_revision; 2. one message with
@@ -323,6 +324,7 @@ type CatalogServiceServer interface {
 	GetModule(context.Context, *GetModuleRequest) (*GetModuleResponse, error)
 	// ListModules returns every module's current registration, by module.
 	// Callers: composer, operator, builder, signer.
+	// Codes: INTERNAL (the catalog-modules bucket cannot be read).
 	ListModules(context.Context, *ListModulesRequest) (*ListModulesResponse, error)
 	// WatchModules streams registrations. Protocol: 1. every current
 	// registration with a revision above from_revision; 2. one message with

@@ -54,6 +54,8 @@ type ComposerServiceClient interface {
 	// Codes: INVALID_ARGUMENT, NOT_FOUND ("no node spec of <node>").
 	GetNode(ctx context.Context, in *GetNodeRequest, opts ...grpc.CallOption) (*GetNodeResponse, error)
 	// ListNodes returns node specs by name. Callers: operator.
+	// Codes: INVALID_ARGUMENT (selector), INTERNAL (the nodes bucket cannot be
+	// read; detail in the log).
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
 	// DeleteNode removes a node spec; its engine is refused from then on.
 	// Callers: operator. Codes: INVALID_ARGUMENT, NOT_FOUND.
@@ -75,18 +77,23 @@ type ComposerServiceClient interface {
 	// Codes: INVALID_ARGUMENT (module, digests or selector named).
 	Approve(ctx context.Context, in *ApproveRequest, opts ...grpc.CallOption) (*ApproveResponse, error)
 	// ListApprovals returns the stored approvals. Callers: operator.
+	// Codes: INVALID_ARGUMENT (module), INTERNAL (the approvals bucket cannot
+	// be read).
 	ListApprovals(ctx context.Context, in *ListApprovalsRequest, opts ...grpc.CallOption) (*ListApprovalsResponse, error)
 	// RevokeApproval deletes an approval. Callers: operator.
 	// Codes: INVALID_ARGUMENT, NOT_FOUND.
 	RevokeApproval(ctx context.Context, in *RevokeApprovalRequest, opts ...grpc.CallOption) (*RevokeApprovalResponse, error)
 	// ListHolds returns held moves per node. Callers: operator.
+	// Codes: INVALID_ARGUMENT (node), INTERNAL (a bucket cannot be read).
 	ListHolds(ctx context.Context, in *ListHoldsRequest, opts ...grpc.CallOption) (*ListHoldsResponse, error)
 	// GetStatus returns one node's status. Callers: operator.
 	// Codes: INVALID_ARGUMENT, NOT_FOUND ("no status of <node>").
 	GetStatus(ctx context.Context, in *GetStatusRequest, opts ...grpc.CallOption) (*GetStatusResponse, error)
 	// ListStatus returns every node's status. Callers: operator.
+	// Codes: INTERNAL (the status or nodes bucket cannot be read).
 	ListStatus(ctx context.Context, in *ListStatusRequest, opts ...grpc.CallOption) (*ListStatusResponse, error)
 	// ListCompositions returns a node's held compositions. Callers: operator.
+	// Codes: INVALID_ARGUMENT (node), INTERNAL (a bucket cannot be read).
 	ListCompositions(ctx context.Context, in *ListCompositionsRequest, opts ...grpc.CallOption) (*ListCompositionsResponse, error)
 	// GetComposition returns a signed composition. Callers: node (node:self:
 	// the key's node must be the caller), operator.
@@ -293,6 +300,8 @@ type ComposerServiceServer interface {
 	// Codes: INVALID_ARGUMENT, NOT_FOUND ("no node spec of <node>").
 	GetNode(context.Context, *GetNodeRequest) (*GetNodeResponse, error)
 	// ListNodes returns node specs by name. Callers: operator.
+	// Codes: INVALID_ARGUMENT (selector), INTERNAL (the nodes bucket cannot be
+	// read; detail in the log).
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
 	// DeleteNode removes a node spec; its engine is refused from then on.
 	// Callers: operator. Codes: INVALID_ARGUMENT, NOT_FOUND.
@@ -314,18 +323,23 @@ type ComposerServiceServer interface {
 	// Codes: INVALID_ARGUMENT (module, digests or selector named).
 	Approve(context.Context, *ApproveRequest) (*ApproveResponse, error)
 	// ListApprovals returns the stored approvals. Callers: operator.
+	// Codes: INVALID_ARGUMENT (module), INTERNAL (the approvals bucket cannot
+	// be read).
 	ListApprovals(context.Context, *ListApprovalsRequest) (*ListApprovalsResponse, error)
 	// RevokeApproval deletes an approval. Callers: operator.
 	// Codes: INVALID_ARGUMENT, NOT_FOUND.
 	RevokeApproval(context.Context, *RevokeApprovalRequest) (*RevokeApprovalResponse, error)
 	// ListHolds returns held moves per node. Callers: operator.
+	// Codes: INVALID_ARGUMENT (node), INTERNAL (a bucket cannot be read).
 	ListHolds(context.Context, *ListHoldsRequest) (*ListHoldsResponse, error)
 	// GetStatus returns one node's status. Callers: operator.
 	// Codes: INVALID_ARGUMENT, NOT_FOUND ("no status of <node>").
 	GetStatus(context.Context, *GetStatusRequest) (*GetStatusResponse, error)
 	// ListStatus returns every node's status. Callers: operator.
+	// Codes: INTERNAL (the status or nodes bucket cannot be read).
 	ListStatus(context.Context, *ListStatusRequest) (*ListStatusResponse, error)
 	// ListCompositions returns a node's held compositions. Callers: operator.
+	// Codes: INVALID_ARGUMENT (node), INTERNAL (a bucket cannot be read).
 	ListCompositions(context.Context, *ListCompositionsRequest) (*ListCompositionsResponse, error)
 	// GetComposition returns a signed composition. Callers: node (node:self:
 	// the key's node must be the caller), operator.

@@ -34,11 +34,13 @@ const (
 type NodeEngineServiceClient interface {
 	// GetStatus returns the engine's manifest, wants, haves, holds, module
 	// picture, last sync and staleness. Callers: operator, the node itself.
+	// Codes: none of its own: it answers from the engine's memory.
 	GetStatus(ctx context.Context, in *GetStatusRequest, opts ...grpc.CallOption) (*GetStatusResponse, error)
 	// FirstViews returns every entries-cache row in any state plus kept
 	// entries not in the rows (as ANSWERED), by fingerprint, and the kept
 	// wants without "node", by module. Lists are empty, never null.
 	// Callers: operator, the node itself.
+	// Codes: none of its own: it answers from the engine's memory.
 	FirstViews(ctx context.Context, in *FirstViewsRequest, opts ...grpc.CallOption) (*FirstViewsResponse, error)
 	// EntryAgain drops the kept entry of a fingerprint (the module holds until
 	// the answer) and asks the catalog again. Callers: operator.
@@ -95,11 +97,13 @@ func (c *nodeEngineServiceClient) EntryAgain(ctx context.Context, in *EntryAgain
 type NodeEngineServiceServer interface {
 	// GetStatus returns the engine's manifest, wants, haves, holds, module
 	// picture, last sync and staleness. Callers: operator, the node itself.
+	// Codes: none of its own: it answers from the engine's memory.
 	GetStatus(context.Context, *GetStatusRequest) (*GetStatusResponse, error)
 	// FirstViews returns every entries-cache row in any state plus kept
 	// entries not in the rows (as ANSWERED), by fingerprint, and the kept
 	// wants without "node", by module. Lists are empty, never null.
 	// Callers: operator, the node itself.
+	// Codes: none of its own: it answers from the engine's memory.
 	FirstViews(context.Context, *FirstViewsRequest) (*FirstViewsResponse, error)
 	// EntryAgain drops the kept entry of a fingerprint (the module holds until
 	// the answer) and asks the catalog again. Callers: operator.

@@ -36,24 +36,35 @@ const (
 // exact canonical bytes it signed (DESIGN.md §5.4).
 type SignerServiceClient interface {
 	// SignCompositions signs a batch of compositions. Callers: composer.
-	// Codes: FAILED_PRECONDITION (fencing epoch lower than the signer's), or a
-	// catalog cross-check failing (the message names the item),
+	// Codes: FAILED_PRECONDITION (fencing epoch not the signer's newest; a
+	// module composition failing the catalog cross-check or the node's own
+	// writing outside the own-prefixes, the message naming the item; the
+	// signer's key not ACTIVE or outside its validity, or its keyset expired),
 	// INVALID_ARGUMENT (an item fails lint; the message names the item index,
 	// key and field; nothing in the batch is signed), UNAVAILABLE (the catalog
 	// cannot be reached for the cross-check).
 	SignCompositions(ctx context.Context, in *SignCompositionsRequest, opts ...grpc.CallOption) (*SignCompositionsResponse, error)
 	// SignManifests signs a batch of node manifests, assigning each its
-	// revision max(last for the node + 1, floor, unix ms) and its validity.
+	// revision max(last for the node + 1, floor, the keyset's revision floor,
+	// unix ms) and its validity.
 	// Callers: composer.
-	// Codes: FAILED_PRECONDITION (stale fencing epoch), INVALID_ARGUMENT (an
-	// item fails lint; nothing is signed).
+	// Codes: FAILED_PRECONDITION (fencing epoch not the signer's newest; want
+	// parts that are not the build's artifacts, the message naming the item;
+	// the signer's key not ACTIVE or outside its validity, or its keyset
+	// expired), INVALID_ARGUMENT (an item fails lint or is over the size limit;
+	// nothing is signed), UNAVAILABLE (the catalog cannot be reached for the
+	// cross-check).
 	SignManifests(ctx context.Context, in *SignManifestsRequest, opts ...grpc.CallOption) (*SignManifestsResponse, error)
 	// Fence returns a new fencing epoch, persisted before it is returned; sign
-	// requests carrying a lower epoch are refused from then on.
+	// requests carrying a lower epoch are refused from then on, and Fence
+	// returns only once no request of an older epoch is still signing.
 	// Callers: composer (on taking the lease).
+	// Codes: INTERNAL (the epoch or its audit record could not be persisted).
 	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
 	// GetKeyset returns the root-signed keyset the signer serves.
 	// Callers: every authenticated role.
+	// Codes: none but the transport's; it always answers with the keyset in
+	// use (a keyset file it could not take is logged, not returned).
 	GetKeyset(ctx context.Context, in *GetKeysetRequest, opts ...grpc.CallOption) (*GetKeysetResponse, error)
 }
 
@@ -116,24 +127,35 @@ func (c *signerServiceClient) GetKeyset(ctx context.Context, in *GetKeysetReques
 // exact canonical bytes it signed (DESIGN.md §5.4).
 type SignerServiceServer interface {
 	// SignCompositions signs a batch of compositions. Callers: composer.
-	// Codes: FAILED_PRECONDITION (fencing epoch lower than the signer's), or a
-	// catalog cross-check failing (the message names the item),
+	// Codes: FAILED_PRECONDITION (fencing epoch not the signer's newest; a
+	// module composition failing the catalog cross-check or the node's own
+	// writing outside the own-prefixes, the message naming the item; the
+	// signer's key not ACTIVE or outside its validity, or its keyset expired),
 	// INVALID_ARGUMENT (an item fails lint; the message names the item index,
 	// key and field; nothing in the batch is signed), UNAVAILABLE (the catalog
 	// cannot be reached for the cross-check).
 	SignCompositions(context.Context, *SignCompositionsRequest) (*SignCompositionsResponse, error)
 	// SignManifests signs a batch of node manifests, assigning each its
-	// revision max(last for the node + 1, floor, unix ms) and its validity.
+	// revision max(last for the node + 1, floor, the keyset's revision floor,
+	// unix ms) and its validity.
 	// Callers: composer.
-	// Codes: FAILED_PRECONDITION (stale fencing epoch), INVALID_ARGUMENT (an
-	// item fails lint; nothing is signed).
+	// Codes: FAILED_PRECONDITION (fencing epoch not the signer's newest; want
+	// parts that are not the build's artifacts, the message naming the item;
+	// the signer's key not ACTIVE or outside its validity, or its keyset
+	// expired), INVALID_ARGUMENT (an item fails lint or is over the size limit;
+	// nothing is signed), UNAVAILABLE (the catalog cannot be reached for the
+	// cross-check).
 	SignManifests(context.Context, *SignManifestsRequest) (*SignManifestsResponse, error)
 	// Fence returns a new fencing epoch, persisted before it is returned; sign
-	// requests carrying a lower epoch are refused from then on.
+	// requests carrying a lower epoch are refused from then on, and Fence
+	// returns only once no request of an older epoch is still signing.
 	// Callers: composer (on taking the lease).
+	// Codes: INTERNAL (the epoch or its audit record could not be persisted).
 	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
 	// GetKeyset returns the root-signed keyset the signer serves.
 	// Callers: every authenticated role.
+	// Codes: none but the transport's; it always answers with the keyset in
+	// use (a keyset file it could not take is logged, not returned).
 	GetKeyset(context.Context, *GetKeysetRequest) (*GetKeysetResponse, error)
 	mustEmbedUnimplementedSignerServiceServer()
 }
