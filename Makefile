@@ -12,15 +12,19 @@ TOOL_BINS := $(addprefix $(BIN)/,$(TOOLS))
 # The binaries `make build` produces.
 BINARIES := mesh-catalog mesh-signer mesh-composer mesh-nodeengine meshctl
 
-.PHONY: help tools generate checkgenerate lint build test test-short bench fuzz images clean
+.PHONY: help tools generate checkgenerate lint breaking build test test-short bench fuzz images clean
 
 help:
 	@echo "make tools          build pinned buf, protoc-gen-go(-grpc), grpcurl, nats-server into ./bin"
 	@echo "make generate       regenerate the protobuf Go code"
 	@echo "make checkgenerate  regenerate and fail on any diff"
 	@echo "make lint           go vet, buf lint, buf format"
+	@echo "make breaking       buf breaking (WIRE_JSON) against the newest release tag v*, once one exists"
 	@echo "make build          build every binary into ./bin"
 	@echo "make test           go test mesh.dev/..."
+	@echo "make test-short     go test -short mesh.dev/... (no processes, containers or kills)"
+	@echo "make bench          every benchmark once, each printing its figure beside its same-run baseline"
+	@echo "make images         the FROM scratch container images (deploy/images/build.sh)"
 	@echo "make fuzz           run every fuzz target for FUZZTIME each (default 60s)"
 
 $(BIN)/.tools-stamp: tools/go.mod tools/go.sum
@@ -47,6 +51,13 @@ lint: tools
 	$(BIN)/buf lint
 	$(BIN)/buf format -d --exit-code
 
+# The v1 API may change freely until the first release; from then on every
+# change is checked against the newest release tag.
+breaking: tools
+	@tag=$$(git describe --tags --abbrev=0 --match 'v*' 2>/dev/null || true); \
+	if [ -z "$$tag" ]; then echo "buf breaking: no release tag v* yet, nothing to compare against"; \
+	else echo "buf breaking against $$tag"; $(BIN)/buf breaking --against ".git#tag=$$tag"; fi
+
 build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o $(BIN)/ \
@@ -58,6 +69,20 @@ build:
 
 test: tools
 	$(GO) test -count=1 -timeout 45m mesh.dev/...
+
+test-short: tools
+	$(GO) test -count=1 -short mesh.dev/...
+
+# One run of each benchmark; `meshctl bench compose|converge` take flags for
+# the full sizes (README.md, Benchmarks).
+bench: tools
+	$(GO) test -run '^$$' -bench SignCompositions -benchtime 2s mesh.dev/services/signer/app
+	$(GO) test -run '^$$' -bench . mesh.dev/services/catalog/app mesh.dev/internal/natsx
+	$(GO) run ./cmd/meshctl bench compose --nodes 200 --modules 20
+	$(GO) run ./cmd/meshctl bench converge --engines 200
+
+images:
+	deploy/images/build.sh
 
 # Fuzz targets as package:Target; each also runs over its committed seed
 # corpus (testdata/fuzz/<Target>/) in `make test`. -fuzz takes one package
