@@ -92,6 +92,9 @@ type acked struct {
 	mu        sync.Mutex
 	digests   map[string]bool
 	revisions map[string]uint64
+	// batches counts the batches acknowledged in the current round, and
+	// cut the calls the kill ended while they were in flight.
+	batches, cut int
 }
 
 // TestKillMidBatchLosesNothingAcknowledged kills the signer with SIGKILL
@@ -131,9 +134,18 @@ func TestKillMidBatchLosesNothingAcknowledged(t *testing.T) {
 
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
-		var signed sync.WaitGroup
-		signed.Add(1)
-		var once sync.Once
+		a.mu.Lock()
+		a.batches, a.cut = 0, 0
+		a.mu.Unlock()
+		// failed counts a call the kill cut while it was in flight (the
+		// test's own cancel comes after the kill).
+		failed := func() {
+			if ctx.Err() == nil {
+				a.mu.Lock()
+				a.cut++
+				a.mu.Unlock()
+			}
+		}
 		for g := 0; g < 4; g++ {
 			wg.Add(1)
 			go func(g int) {
@@ -146,9 +158,11 @@ func TestKillMidBatchLosesNothingAcknowledged(t *testing.T) {
 						}
 						resp, err := c.SignManifests(ctx, &signerv1.SignManifestsRequest{FencingEpoch: epoch, Manifests: items})
 						if err != nil {
+							failed()
 							return
 						}
 						a.mu.Lock()
+						a.batches++
 						for j, m := range resp.GetManifests() {
 							a.revisions[nodes[j]] = max(a.revisions[nodes[j]], m.GetRevision())
 							a.digests[m.GetItem().GetDigest()] = true
@@ -161,26 +175,34 @@ func TestKillMidBatchLosesNothingAcknowledged(t *testing.T) {
 						}
 						resp, err := c.SignCompositions(ctx, &signerv1.SignCompositionsRequest{FencingEpoch: epoch, Compositions: comps})
 						if err != nil {
+							failed()
 							return
 						}
 						a.mu.Lock()
+						a.batches++
 						for _, it := range resp.GetItems() {
 							a.digests[it.GetDigest()] = true
 						}
 						a.mu.Unlock()
 					}
-					once.Do(signed.Done)
 				}
 			}(g)
 		}
-		signed.Wait()
-		time.Sleep(time.Duration(20+round*30) * time.Millisecond)
+		// Kill after a number of acknowledged batches that grows each
+		// round, while four clients keep a batch in flight each.
+		waitBatches(t, a, 2+round*6)
 		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		cmd.Wait()
-		cancel()
 		wg.Wait()
+		cancel()
+		a.mu.Lock()
+		cut := a.cut
+		a.mu.Unlock()
+		if cut == 0 {
+			t.Fatalf("round %d: the kill cut no call in flight: it did not land mid-batch", round)
+		}
 
 		// The chain verifies (a torn last line is a write never acknowledged).
 		rep, err := audit.Verify(filepath.Join(w.stateDir, "audit.log"))
@@ -188,11 +210,25 @@ func TestKillMidBatchLosesNothingAcknowledged(t *testing.T) {
 			t.Fatalf("round %d: audit verify: %v", round, err)
 		}
 		signedDigests := map[string]bool{}
+		answered := map[uint64]bool{}
+		var requests []uint64
 		for _, r := range auditRecords(t, w.stateDir)[:rep.Records] {
-			if r.Kind == audit.KindSigned {
+			switch r.Kind {
+			case audit.KindSigned:
 				for _, it := range r.Items {
 					signedDigests[it.Digest] = true
 				}
+				answered[r.Request] = true
+			case audit.KindRefused:
+				answered[r.Request] = true
+			case audit.KindRequest:
+				requests = append(requests, r.Seq)
+			}
+		}
+		unanswered := 0
+		for _, seq := range requests {
+			if !answered[seq] {
+				unanswered++
 			}
 		}
 		a.mu.Lock()
@@ -212,10 +248,29 @@ func TestKillMidBatchLosesNothingAcknowledged(t *testing.T) {
 			}
 		}
 		st.Close()
-		t.Logf("round %d: %d items acknowledged so far, %d audit records, torn tail %v", round, len(a.digests), rep.Records, rep.Torn)
+		t.Logf("round %d: %d items acknowledged so far, %d calls cut in flight, %d audit records, %d requests recorded and never answered, torn tail %v",
+			round, len(a.digests), cut, rep.Records, unanswered, rep.Torn)
 		a.mu.Unlock()
 	}
 	if len(a.digests) == 0 {
 		t.Fatal("nothing was acknowledged")
+	}
+}
+
+// waitBatches waits until the current round has n acknowledged batches.
+func waitBatches(t *testing.T, a *acked, n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		a.mu.Lock()
+		got := a.batches
+		a.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d batches acknowledged within a minute", got, n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
