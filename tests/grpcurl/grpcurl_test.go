@@ -83,6 +83,8 @@ func TestMeshctlDevGrpcurl(t *testing.T) {
 	t.Run("printed commands", func(t *testing.T) { testPrinted(t, root, p) })
 	t.Run("list and describe", func(t *testing.T) { testDescribe(t, root, p) })
 	t.Run("roles", func(t *testing.T) { testRoles(t, root, p) })
+	t.Run("signer as the composer", func(t *testing.T) { testSignerAsComposer(t, root, p) })
+	t.Run("catalog GetEntry", func(t *testing.T) { testGetEntry(t, root, p) })
 	t.Run("no certificate", func(t *testing.T) { testNoCertificate(t, root, p) })
 
 	if err := dev.Interrupt(time.Minute); err != nil {
@@ -349,6 +351,7 @@ func testRoles(t *testing.T, root string, p printed) {
 		{"catalog ListModules as builder", "builder-ci", p.catalog, "mesh.catalog.v1.CatalogService/ListModules", false},
 		{"catalog ListModules as a node", "node-dev-1", p.catalog, "mesh.catalog.v1.CatalogService/ListModules", true},
 		{"signer GetKeyset as a node", "node-dev-1", p.signer, "mesh.signer.v1.SignerService/GetKeyset", false},
+		{"signer SignCompositions as a node", "node-dev-1", p.signer, "mesh.signer.v1.SignerService/SignCompositions", true},
 		// GetKeyset is any authenticated role's: what only the composer may
 		// call is refused to the operator.
 		{"signer SignManifests as operator", "operator-admin", p.signer, "mesh.signer.v1.SignerService/SignManifests", true},
@@ -368,6 +371,63 @@ func testRoles(t *testing.T, root string, p printed) {
 		case tt.denied && (err == nil || !strings.Contains(out, "Code: PermissionDenied")):
 			t.Errorf("%s: %s: want PermissionDenied, got %v:\n%s", tt.name, line, err, out)
 		}
+	}
+}
+
+// testSignerAsComposer lists the signer with the composer's certificate,
+// the identity that calls it: the signer service, health and reflection.
+func testSignerAsComposer(t *testing.T, root string, p printed) {
+	line := p.grpcurlAs("composer", p.signer, "list")
+	out, err := shell(root, line)
+	if err != nil {
+		t.Fatalf("%s\n%v\n%s", line, err, out)
+	}
+	for _, svc := range []string{"mesh.signer.v1.SignerService", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} {
+		if !contains(strings.Fields(out), svc) {
+			t.Errorf("%s: %s not listed:\n%s", line, svc, out)
+		}
+	}
+}
+
+// testGetEntry reads a registered module's entry with the operator's
+// certificate, and asks for a fingerprint the catalog holds no entry of:
+// NOT_FOUND with DESIGN.md §3's words.
+func testGetEntry(t *testing.T, root string, p printed) {
+	line := p.grpcurlAs("operator-admin", "-d", `'{"module":"motd"}'`, p.catalog, "mesh.catalog.v1.CatalogService/GetModule")
+	out, err := shell(root, line)
+	if err != nil {
+		t.Fatalf("%s\n%v\n%s", line, err, out)
+	}
+	var mod struct {
+		Registration struct {
+			Fingerprint string `json:"fingerprint"`
+		} `json:"registration"`
+	}
+	decode(t, line, out, &mod)
+	fp := mod.Registration.Fingerprint
+	if !strings.HasPrefix(fp, "fp1:") {
+		t.Fatalf("%s: no fingerprint registered for motd:\n%s", line, out)
+	}
+	line = p.grpcurlAs("operator-admin", "-d", fmt.Sprintf(`'{"fingerprint":%q}'`, fp), p.catalog, "mesh.catalog.v1.CatalogService/GetEntry")
+	out, err = shell(root, line)
+	if err != nil {
+		t.Fatalf("%s\n%v\n%s", line, err, out)
+	}
+	var entry struct {
+		Entry struct {
+			Fingerprint string `json:"fingerprint"`
+			Module      string `json:"module"`
+		} `json:"entry"`
+	}
+	decode(t, line, out, &entry)
+	if entry.Entry.Fingerprint != fp || entry.Entry.Module != "motd" {
+		t.Errorf("%s: entry %+v, want motd at %s:\n%s", line, entry.Entry, fp, out)
+	}
+	unknown := "fp1:" + strings.Repeat("0", 64)
+	line = p.grpcurlAs("operator-admin", "-d", fmt.Sprintf(`'{"fingerprint":%q}'`, unknown), p.catalog, "mesh.catalog.v1.CatalogService/GetEntry")
+	out, err = shell(root, line)
+	if err == nil || !strings.Contains(out, "Code: NotFound") || !strings.Contains(out, "Message: no entry of fingerprint "+unknown+"\n") {
+		t.Errorf("%s: want NotFound %q, got %v:\n%s", line, "no entry of fingerprint "+unknown, err, out)
 	}
 }
 
