@@ -159,7 +159,7 @@ func TestComposeFleet(t *testing.T) {
 	t.Logf("converged %s after start", time.Since(began).Round(time.Second))
 
 	revisions := watchRevisions(t, engines)
-	acked := snapshot(t, catalogJS, composerJS)
+	acked := snapshot(t, catalogJS, composerJS, nodes)
 	if v := permissionViolations(t, d); v != "" {
 		t.Errorf("NATS refused a service's own traffic:\n%s", v)
 	}
@@ -198,7 +198,7 @@ func TestComposeFleet(t *testing.T) {
 	if err := live.converged(ctx, []string{"cod"}, fps); err == nil {
 		t.Fatal("cod converged on the new motd while cut off the network")
 	}
-	ackedDuring := snapshot(t, catalogJS, composerJS)
+	ackedDuring := snapshot(t, catalogJS, composerJS, nodes)
 
 	// Heal.
 	d.docker("start", holderID)
@@ -452,42 +452,87 @@ var truth = struct{ catalog, composer []string }{
 	composer: []string{natsx.BucketNodes, natsx.BucketAssignments, natsx.BucketKeysets},
 }
 
-// snapshot reads every key of the truth buckets.
-func snapshot(t *testing.T, catalogJS, composerJS jetstream.JetStream) map[string]map[string]kvRecord {
+// snapshot reads every key of the truth buckets. A key listing of an R3
+// stream is an ordered consumer of its own, and right after a fault (or
+// while keys are being rewritten) one listing can come back short: the read
+// is retried until every bucket holds what a converged fleet must (every
+// node's spec and assignment, the catalog's entries), each failed attempt
+// logged with the stream's own count of messages and subjects.
+func snapshot(t *testing.T, catalogJS, composerJS jetstream.JetStream, nodes []string) map[string]map[string]kvRecord {
 	t.Helper()
+	var out map[string]map[string]kvRecord
+	eventually(t, "truth buckets read", time.Minute, func() error {
+		var err error
+		out, err = readTruth(t.Context(), catalogJS, composerJS, nodes)
+		if err != nil {
+			t.Logf("reading the truth buckets: %v (retried)", err)
+		}
+		return err
+	})
+	return out
+}
+
+func readTruth(ctx context.Context, catalogJS, composerJS jetstream.JetStream, nodes []string) (map[string]map[string]kvRecord, error) {
 	out := map[string]map[string]kvRecord{}
-	read := func(js jetstream.JetStream, bucket string) {
-		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	read := func(js jetstream.JetStream, bucket string) error {
+		ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		defer cancel()
 		kv, err := js.KeyValue(ctx, bucket)
 		if err != nil {
-			t.Fatalf("bucket %s: %v", bucket, err)
+			return fmt.Errorf("bucket %s: %w", bucket, err)
 		}
 		keys, err := kv.Keys(ctx)
-		if err != nil {
-			t.Fatalf("bucket %s keys: %v", bucket, err)
+		if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+			return fmt.Errorf("bucket %s keys: %w%s", bucket, err, streamState(ctx, js, bucket))
 		}
 		out[bucket] = map[string]kvRecord{}
 		for _, k := range keys {
 			e, err := kv.Get(ctx, k)
 			if err != nil {
-				t.Fatalf("bucket %s key %s: %v", bucket, k, err)
+				return fmt.Errorf("bucket %s key %s: %w", bucket, k, err)
 			}
 			out[bucket][k] = kvRecord{revision: e.Revision(), value: e.Value()}
 		}
+		return nil
 	}
 	for _, b := range truth.catalog {
-		read(catalogJS, b)
-	}
-	for _, b := range truth.composer {
-		read(composerJS, b)
-	}
-	for _, b := range []string{natsx.BucketCatalogEntries, natsx.BucketNodes, natsx.BucketAssignments} {
-		if len(out[b]) == 0 {
-			t.Fatalf("bucket %s is empty in a converged fleet", b)
+		if err := read(catalogJS, b); err != nil {
+			return nil, err
 		}
 	}
-	return out
+	for _, b := range truth.composer {
+		if err := read(composerJS, b); err != nil {
+			return nil, err
+		}
+	}
+	if len(out[natsx.BucketCatalogEntries]) == 0 {
+		return nil, fmt.Errorf("bucket %s lists no keys in a converged fleet%s", natsx.BucketCatalogEntries, streamState(ctx, catalogJS, natsx.BucketCatalogEntries))
+	}
+	for _, b := range []string{natsx.BucketNodes, natsx.BucketAssignments} {
+		for _, n := range nodes {
+			if _, ok := out[b][n]; !ok {
+				return nil, fmt.Errorf("bucket %s lists %d keys, not node %s%s", b, len(out[b]), n, streamState(ctx, composerJS, b))
+			}
+		}
+	}
+	return out, nil
+}
+
+// streamState is the stream's own account of a bucket, for an error.
+func streamState(ctx context.Context, js jetstream.JetStream, bucket string) string {
+	st, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return fmt.Sprintf(" (stream info: %v)", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Sprintf(" (stream info: %v)", err)
+	}
+	leader := "none"
+	if info.Cluster != nil {
+		leader = info.Cluster.Leader
+	}
+	return fmt.Sprintf(" (the stream holds %d messages on %d subjects, leader %s)", info.State.Msgs, info.State.NumSubjects, leader)
 }
 
 // immutable buckets never change a key once written; the others may only

@@ -31,18 +31,30 @@ func repoRoot(t testing.TB) string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
+// requireDockerEnv set to 1 (as .ci/run sets it) turns a missing docker
+// into a failure: CI must never pass by skipping the deployment test.
+const requireDockerEnv = "MESH_REQUIRE_DOCKER"
+
 // composeCLI returns the compose command this machine has: the docker CLI
 // plugin ("docker compose") or the standalone docker-compose. It skips the
-// test, saying why, when docker itself is unavailable.
+// test, saying why, when docker itself is unavailable, and fails it instead
+// when MESH_REQUIRE_DOCKER=1.
 func composeCLI(t *testing.T) []string {
 	t.Helper()
+	skip := func(why string) {
+		t.Helper()
+		if os.Getenv(requireDockerEnv) == "1" {
+			t.Fatalf("%s, and %s=1 requires it", why, requireDockerEnv)
+		}
+		t.Skip(why)
+	}
 	if _, err := exec.LookPath("docker"); err != nil {
-		t.Skip("docker is not installed: the compose deployment test needs docker and docker compose")
+		skip("docker is not installed: the compose deployment test needs docker and docker compose")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, "docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
-		t.Skipf("docker is not usable (docker info: %v: %s): the compose deployment test needs a docker engine", err, bytes.TrimSpace(out))
+		skip(fmt.Sprintf("docker is not usable (docker info: %v: %s): the compose deployment test needs a docker engine", err, bytes.TrimSpace(out)))
 	}
 	if exec.CommandContext(ctx, "docker", "compose", "version").Run() == nil {
 		return []string{"docker", "compose"}
@@ -50,7 +62,7 @@ func composeCLI(t *testing.T) []string {
 	if _, err := exec.LookPath("docker-compose"); err == nil {
 		return []string{"docker-compose"}
 	}
-	t.Skip("neither `docker compose` nor `docker-compose` is installed")
+	skip("neither `docker compose` nor `docker-compose` is installed")
 	return nil
 }
 
