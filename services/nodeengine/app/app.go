@@ -144,6 +144,9 @@ type Options struct {
 	Now func() time.Time
 	// WrapStore wraps the state store (tests inject failures with it).
 	WrapStore func(state.Store) state.Store
+	// OnCommit is called after every durable commit of an apply and every
+	// keyset taken (the fault harness records them).
+	OnCommit func(Committed)
 	// EntryBackoffBase and SyncBackoffBase shorten retries in tests.
 	EntryBackoffBase, SyncBackoffBase, SyncBackoffMax time.Duration
 	// Ready is called with the admin API's address once it listens.
@@ -248,6 +251,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Engine, err error) {
 	var store state.Store = a.store
 	if opts.WrapStore != nil {
 		store = opts.WrapStore(store)
+	}
+	if opts.OnCommit != nil {
+		store = observed{Store: store, fn: opts.OnCommit}
 	}
 	applier, err := apply.New(apply.Config{Root: cfg.Root, Prefixes: cfg.AllowPrefixes, StateDir: cfg.StateDir, Logger: log})
 	if err != nil {

@@ -264,3 +264,18 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	}
 	return s.Serve(ctx, opts.Ready)
 }
+
+// AuditReport is what VerifyAudit found.
+type AuditReport struct {
+	Records int
+	// Torn is set when the last line is a write never acknowledged.
+	Torn bool
+}
+
+// VerifyAudit checks the hash chain of the audit log in a signer's state
+// dir (what `mesh-signer audit verify` runs); the error names the line where
+// the chain breaks.
+func VerifyAudit(stateDir string) (AuditReport, error) {
+	rep, err := audit.Verify(filepath.Join(stateDir, "audit.log"))
+	return AuditReport{Records: rep.Records, Torn: rep.Torn}, err
+}

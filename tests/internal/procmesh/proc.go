@@ -183,3 +183,26 @@ func (p *Proc) Interrupt(timeout time.Duration) error {
 		return fmt.Errorf("%s did not end within %s of SIGINT and was killed", p.Name, timeout)
 	}
 }
+
+// StartProc starts bin with args in dir (the test's when "") and env (added
+// to the test's environment), its output appended to logPath; the process is
+// killed with the test binary. The caller stops it.
+func StartProc(name, logPath, dir string, env []string, bin string, args ...string) (*Proc, error) {
+	return startProc(name, logPath, dir, env, bin, args...)
+}
+
+// Signal sends sig to the process (SIGKILL, SIGSTOP, SIGCONT, ...).
+func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Done is closed when the process has ended.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Kill kills the process with SIGKILL and waits until it is reaped.
+func (p *Proc) Kill() {
+	p.mu.Lock()
+	p.stopped = true
+	p.mu.Unlock()
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	p.waitKilled()
+	p.log.Close()
+}
