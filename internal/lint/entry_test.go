@@ -2,6 +2,7 @@ package lint
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -54,6 +55,15 @@ func remanifest(t testing.TB, e *catalogv1.Entry, mutate func(m *typev1.ModuleMa
 	refingerprint(e)
 }
 
+func mustDecode(t testing.TB, b []byte) *typev1.ModuleManifest {
+	t.Helper()
+	m := &typev1.ModuleManifest{}
+	if err := canonical.Decode(b, m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 func TestCheckEntry(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -82,6 +92,15 @@ func TestCheckEntry(t *testing.T) {
 		{"bad module", func(_ testing.TB, e *catalogv1.Entry) { e.Module = "ssh_d" }, "entry.module", `entry.module: module "ssh_d" is not a DNS label`},
 		{"no repository", func(_ testing.TB, e *catalogv1.Entry) { e.Repository = "" }, "entry.repository", "must be 1 to 1024 bytes"},
 		{"repository with space", func(_ testing.TB, e *catalogv1.Entry) { e.Repository = "git example" }, "entry.repository", "holds a space"},
+		{"repository too long", func(_ testing.TB, e *catalogv1.Entry) {
+			e.Repository = "https://git.example/" + strings.Repeat("r", MaxRepositoryLen)
+		}, "entry.repository", "must be 1 to 1024 bytes"},
+		{"repository not UTF-8", func(_ testing.TB, e *catalogv1.Entry) { e.Repository = "https://git.example/\xff" }, "entry.repository", "entry.repository: is not valid UTF-8"},
+		{"repository with control character", func(_ testing.TB, e *catalogv1.Entry) { e.Repository = "git.example/\x7finfra" }, "entry.repository", `"git.example/\x7finfra" holds a space or control character`},
+		{"path too long", func(_ testing.TB, e *catalogv1.Entry) { e.Path = strings.Repeat("p", MaxSourcePathLen+1) }, "entry.path", "entry.path: is 1025 bytes, over the limit of 1024"},
+		{"path not UTF-8", func(_ testing.TB, e *catalogv1.Entry) { e.Path = "modules/\xff" }, "entry.path", "entry.path: is not valid UTF-8"},
+		{"path with control character", func(_ testing.TB, e *catalogv1.Entry) { e.Path = "modules/ss\x01hd" }, "entry.path", `"modules/ss\x01hd" holds a control character or backslash`},
+		{"path with backslash", func(_ testing.TB, e *catalogv1.Entry) { e.Path = `modules\sshd` }, "entry.path", `"modules\\sshd" holds a control character or backslash`},
 		{"no path", func(_ testing.TB, e *catalogv1.Entry) { e.Path = "" }, "entry.path", "is required"},
 		{"absolute path", func(_ testing.TB, e *catalogv1.Entry) { e.Path = "/modules/sshd" }, "entry.path", "is absolute"},
 		{"unclean path", func(_ testing.TB, e *catalogv1.Entry) { e.Path = "modules//sshd" }, "entry.path", `is not clean (want "modules/sshd")`},
@@ -114,6 +133,18 @@ func TestCheckEntry(t *testing.T) {
 		{"needs differ", func(_ testing.TB, e *catalogv1.Entry) { e.Needs = []*typev1.Need{{Module: "users"}} }, "entry.needs[0]", "differs from the manifest's needs[0]"},
 		{"empty package", func(_ testing.TB, e *catalogv1.Entry) { e.Packages = []string{""} }, "entry.packages[0]", "must be 1 to 128 bytes"},
 		{"package repeated", func(_ testing.TB, e *catalogv1.Entry) { e.Packages = []string{"a", "a"} }, "entry.packages[1]", `"a" repeats entry.packages[0]`},
+		{"too many packages", func(_ testing.TB, e *catalogv1.Entry) {
+			e.Packages = nil
+			for i := range MaxPackages + 1 {
+				e.Packages = append(e.Packages, fmt.Sprintf("pkg-%d", i))
+			}
+		}, "entry.packages", "entry.packages: 257 packages, over the limit of 256"},
+		{"package too long", func(_ testing.TB, e *catalogv1.Entry) {
+			e.Packages = []string{"openssh-server", strings.Repeat("p", MaxPackageLen+1)}
+		}, "entry.packages[1]", "entry.packages[1]: must be 1 to 128 bytes of UTF-8"},
+		{"package not UTF-8", func(_ testing.TB, e *catalogv1.Entry) { e.Packages = []string{"openssh-\xff"} }, "entry.packages[0]", "must be 1 to 128 bytes of UTF-8"},
+		{"package with a space", func(_ testing.TB, e *catalogv1.Entry) { e.Packages = []string{"openssh server"} }, "entry.packages[0]", `entry.packages[0]: "openssh server" holds a space or control character`},
+		{"package with a control character", func(_ testing.TB, e *catalogv1.Entry) { e.Packages = []string{"openssh\tserver"} }, "entry.packages[0]", "holds a space or control character"},
 		{"no verdict", func(_ testing.TB, e *catalogv1.Entry) { e.Verdict = 0 }, "entry.verdict", "is not PASS, WARN or FAIL"},
 		{"pass with problems", func(_ testing.TB, e *catalogv1.Entry) { e.Problems = []string{"broken"} }, "entry.verdict", "PASS with 1 problems"},
 		{"warn without warnings", func(_ testing.TB, e *catalogv1.Entry) { e.Verdict = catalogv1.Verdict_VERDICT_WARN }, "entry.verdict", "WARN with no warnings"},
@@ -127,6 +158,43 @@ func TestCheckEntry(t *testing.T) {
 		{"problem with control character", func(_ testing.TB, e *catalogv1.Entry) {
 			e.Verdict, e.Problems = catalogv1.Verdict_VERDICT_FAIL, []string{"a\x1bb"}
 		}, "entry.problems[0]", "holds the control character U+001B"},
+		{"too many warnings", func(_ testing.TB, e *catalogv1.Entry) {
+			e.Verdict = catalogv1.Verdict_VERDICT_WARN
+			for i := range MaxVerdictInputs + 1 {
+				e.Warnings = append(e.Warnings, fmt.Sprintf("warning %d", i))
+			}
+		}, "entry.warnings", "entry.warnings: 257 items, over the limit of 256"},
+		{"too many problems", func(_ testing.TB, e *catalogv1.Entry) {
+			e.Verdict = catalogv1.Verdict_VERDICT_FAIL
+			for i := range MaxVerdictInputs + 1 {
+				e.Problems = append(e.Problems, fmt.Sprintf("problem %d", i))
+			}
+		}, "entry.problems", "entry.problems: 257 items, over the limit of 256"},
+		{"too many unknown", func(_ testing.TB, e *catalogv1.Entry) {
+			e.Verdict = catalogv1.Verdict_VERDICT_WARN
+			for i := range MaxVerdictInputs + 1 {
+				e.Unknown = append(e.Unknown, fmt.Sprintf("unknown %d", i))
+			}
+		}, "entry.unknown", "entry.unknown: 257 items, over the limit of 256"},
+		{"warning too long", func(_ testing.TB, e *catalogv1.Entry) {
+			e.Verdict, e.Warnings = catalogv1.Verdict_VERDICT_WARN, []string{"ok", strings.Repeat("w", MaxVerdictInputLen+1)}
+		}, "entry.warnings[1]", "entry.warnings[1]: is 1025 bytes, over the limit of 1024"},
+		{"unknown not UTF-8", func(_ testing.TB, e *catalogv1.Entry) {
+			e.Verdict, e.Unknown = catalogv1.Verdict_VERDICT_WARN, []string{"\xffsshd -t"}
+		}, "entry.unknown[0]", "entry.unknown[0]: is not valid UTF-8"},
+		{"too many artifacts", func(t testing.TB, e *catalogv1.Entry) {
+			e.Artifacts = nil
+			remanifest(t, e, func(m *typev1.ModuleManifest) {
+				for i := range MaxParts + 1 {
+					ref := fmt.Sprintf("binary:tool-%03d", i)
+					m.Resources = append(m.Resources, &typev1.ResourceTemplate{Name: fmt.Sprintf("tool-%03d", i), Type: typev1.ResourceType_RESOURCE_TYPE_FILE,
+						Path: fmt.Sprintf("/usr/local/bin/tool-%03d", i), Mode: 0o755, Content: &typev1.ResourceTemplate_Artifact{Artifact: ref}})
+				}
+			})
+			for _, ref := range ArtifactRefs(mustDecode(t, e.GetManifest())) {
+				e.Artifacts = append(e.Artifacts, &catalogv1.ArtifactDecl{Ref: ref, Kind: "binary"})
+			}
+		}, "entry.artifacts", "entry.artifacts: 66 artifacts, over the limit of 64"},
 		{"artifact not declared", func(_ testing.TB, e *catalogv1.Entry) { e.Artifacts = nil }, "entry.artifacts", `the manifest names artifact "binary:sshd-helper", which the entry does not declare`},
 		{"artifact named by no resource", func(_ testing.TB, e *catalogv1.Entry) {
 			e.Artifacts = append(e.Artifacts, &catalogv1.ArtifactDecl{Ref: "tarball:docs", Kind: "tarball"})

@@ -32,8 +32,11 @@ const (
 	MaxParts = 64
 	// MaxObjectSize is the largest object a composition may name.
 	MaxObjectSize = 1 << 30
-	// MaxNameLen bounds owners, groups, accounts and artifact refs.
+	// MaxNameLen bounds the name part of an artifact ref.
 	MaxNameLen = 128
+	// MaxAccountLen bounds owners, groups and accounts: Linux's utmp user
+	// name size.
+	MaxAccountLen = 32
 	// MaxMode is the largest permission value (setuid, setgid, sticky and
 	// rwx for all).
 	MaxMode = 0o7777
@@ -238,15 +241,15 @@ func CheckArtifactRef(field, ref string) error {
 	return nil
 }
 
-// checkName checks an owner, group or account: empty, or 1 to 32 characters
+// checkName checks an owner, group or account: empty, or 1 to MaxAccountLen characters
 // of [a-z0-9_.-] starting with a letter, digit or underscore (POSIX portable
 // user names, and numeric ids).
 func checkName(field, s string) error {
 	if s == "" {
 		return nil
 	}
-	if len(s) > 32 {
-		return errf(field, "%q is longer than 32 characters", s)
+	if len(s) > MaxAccountLen {
+		return errf(field, "%q is longer than %d characters", s, MaxAccountLen)
 	}
 	for i, r := range s {
 		ok := r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || (i > 0 && (r == '-' || r == '.'))

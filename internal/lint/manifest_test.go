@@ -2,6 +2,7 @@ package lint
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -50,6 +51,12 @@ func TestCheckModuleManifest(t *testing.T) {
 		{"version with letters", func(m *typev1.ModuleManifest) { m.Version = "1.2-rc1" }, "version", `version: "1.2-rc1" is not dot-separated numbers`},
 		{"version with empty part", func(m *typev1.ModuleManifest) { m.Version = "1..2" }, "version", "not dot-separated numbers"},
 		{"version part too long", func(m *typev1.ModuleManifest) { m.Version = "1234567890" }, "version", "1 to 9 digits"},
+		{"version too long", func(m *typev1.ModuleManifest) { m.Version = strings.Repeat("1.", 32) + "1" }, "version", `version: "` + strings.Repeat("1.", 32) + `1" is longer than 64 characters`},
+		{"too many resources", func(m *typev1.ModuleManifest) {
+			for i := len(m.Resources); i <= MaxResources; i++ {
+				m.Resources = append(m.Resources, &typev1.ResourceTemplate{Name: fmt.Sprintf("d%d", i), Type: typev1.ResourceType_RESOURCE_TYPE_DIRECTORY, Path: fmt.Sprintf("/srv/d%d", i)})
+			}
+		}, "resources", "resources: 4097 resources, over the limit of 4096"},
 		{"bad resource name", func(m *typev1.ModuleManifest) { m.Resources[0].Name = "a b" }, "resources[0].name", "holds a space"},
 		{"empty resource name", func(m *typev1.ModuleManifest) { m.Resources[0].Name = "" }, "resources[0].name", "must be 1 to 253 characters"},
 		{"duplicate name", func(m *typev1.ModuleManifest) { m.Resources[1].Name = "dir" }, "resources[1].name", `"dir" is also the name of resources[0]`},
@@ -76,6 +83,8 @@ func TestCheckModuleManifest(t *testing.T) {
 		{"mode too large", func(m *typev1.ModuleManifest) { m.Resources[1].Mode = 0o10000 }, "resources[1].mode", "10000 is over 7777"},
 		{"bad owner", func(m *typev1.ModuleManifest) { m.Resources[1].Owner = "Root" }, "resources[1].owner", "is not a user or group name"},
 		{"bad group", func(m *typev1.ModuleManifest) { m.Resources[1].Group = "-wheel" }, "resources[1].group", "is not a user or group name"},
+		{"owner too long", func(m *typev1.ModuleManifest) { m.Resources[1].Owner = strings.Repeat("o", 33) }, "resources[1].owner", `resources[1].owner: "` + strings.Repeat("o", 33) + `" is longer than 32 characters`},
+		{"group too long", func(m *typev1.ModuleManifest) { m.Resources[1].Group = strings.Repeat("g", 33) }, "resources[1].group", "is longer than 32 characters"},
 		{"file without content", func(m *typev1.ModuleManifest) { m.Resources[1].Content = nil }, "resources[1].content", "a file needs text, raw or artifact content"},
 		{"file with target", func(m *typev1.ModuleManifest) { m.Resources[1].Target = "/x" }, "resources[1].target", "a file has no target"},
 		{"directory with content", func(m *typev1.ModuleManifest) { m.Resources[0].Content = text("x") }, "resources[0].content", "a directory has no content"},
@@ -83,6 +92,9 @@ func TestCheckModuleManifest(t *testing.T) {
 		{"symlink with content", func(m *typev1.ModuleManifest) { m.Resources[4].Content = text("x") }, "resources[4].content", "a symlink has no content"},
 		{"symlink without target", func(m *typev1.ModuleManifest) { m.Resources[4].Target = "" }, "resources[4].target", "a symlink needs a target"},
 		{"symlink unclean target", func(m *typev1.ModuleManifest) { m.Resources[4].Target = "/etc/./x" }, "resources[4].target", "is not clean"},
+		{"symlink target too long", func(m *typev1.ModuleManifest) { m.Resources[4].Target = "/" + strings.Repeat("t", 4096) }, "resources[4].target", "resources[4].target: is 4097 bytes, over the limit of 4096"},
+		{"symlink target with NUL", func(m *typev1.ModuleManifest) { m.Resources[4].Target = "../sshd_config\x00" }, "resources[4].target", "resources[4].target: holds a NUL byte"},
+		{"templated symlink target with NUL", func(m *typev1.ModuleManifest) { m.Resources[4].Target = "/etc/{{ .Node }}\x00x" }, "resources[4].target", "holds a NUL byte"},
 		{"symlink target syntax", func(m *typev1.ModuleManifest) { m.Resources[4].Target = "{{ .Node" }, "resources[4].target", "template does not parse"},
 		{"bad artifact ref", func(m *typev1.ModuleManifest) {
 			m.Resources[3].Content = &typev1.ResourceTemplate_Artifact{Artifact: "sshd-helper"}
@@ -93,6 +105,12 @@ func TestCheckModuleManifest(t *testing.T) {
 		{"unsorted data paths", func(m *typev1.ModuleManifest) { m.DataPaths = []string{"/var/lib/b", "/var/lib/a"} }, "data_paths[1]", "is not sorted and unique"},
 		{"root data path", func(m *typev1.ModuleManifest) { m.DataPaths = []string{"/"} }, "data_paths[0]", "the root directory cannot be a data path"},
 		{"templated data path", func(m *typev1.ModuleManifest) { m.DataPaths = []string{"/var/lib/{{.Node}}"} }, "data_paths[0]", "data paths are not templates"},
+		{"too many data paths", func(m *typev1.ModuleManifest) {
+			m.DataPaths = nil
+			for i := range MaxDataPaths + 1 {
+				m.DataPaths = append(m.DataPaths, fmt.Sprintf("/var/lib/sshd/%03d", i))
+			}
+		}, "data_paths", "data_paths: 257 data paths, over the limit of 256"},
 		{"no upgrade policy", func(m *typev1.ModuleManifest) { m.Upgrade = nil }, "upgrade", "upgrade: is required (AUTO, MANUAL or PINNED)"},
 		{"unspecified policy", func(m *typev1.ModuleManifest) { m.Upgrade.Policy = 0 }, "upgrade.policy", "is not AUTO, MANUAL or PINNED"},
 		{"manual without why", func(m *typev1.ModuleManifest) { m.Upgrade.Policy = typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL }, "upgrade.why", "UPGRADE_POLICY_MANUAL needs a why"},
@@ -107,6 +125,21 @@ func TestCheckModuleManifest(t *testing.T) {
 		{"need bad min version", func(m *typev1.ModuleManifest) { m.Needs[0].MinVersion = "v1" }, "needs[0].min_version", "is not dot-separated numbers"},
 		{"need bad selector key", func(m *typev1.ModuleManifest) { m.Needs[0].Selector.MatchLabels["a b"] = "x" }, "needs[0].selector", `label key "a b"`},
 		{"need bad selector value", func(m *typev1.ModuleManifest) { m.Needs[0].Selector.MatchLabels["role"] = "a/b" }, "needs[0].selector", `label role value "a/b"`},
+		{"need min version too long", func(m *typev1.ModuleManifest) { m.Needs[0].MinVersion = strings.Repeat("1.", 40) + "1" }, "needs[0].min_version", "is longer than 64 characters"},
+		{"too many selector labels", func(m *typev1.ModuleManifest) {
+			for i := len(m.Needs[0].Selector.MatchLabels); i <= MaxSelectorLabels; i++ {
+				m.Needs[0].Selector.MatchLabels[fmt.Sprintf("k%d", i)] = "v"
+			}
+		}, "needs[0].selector", "needs[0].selector: 17 labels, over the limit of 16"},
+		{"need selector key too long", func(m *typev1.ModuleManifest) {
+			m.Needs[0].Selector.MatchLabels[strings.Repeat("k", MaxLabelLen+1)] = "x"
+		}, "needs[0].selector", "is not 1 to 63 characters"},
+		{"need selector value too long", func(m *typev1.ModuleManifest) {
+			m.Needs[0].Selector.MatchLabels["role"] = strings.Repeat("v", MaxLabelLen+1)
+		}, "needs[0].selector", "is not up to 63 characters"},
+		{"why with control character", func(m *typev1.ModuleManifest) {
+			m.Upgrade = &typev1.Policy{Policy: typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, Why: "ask\x1b[2J"}
+		}, "upgrade.why", "upgrade.why: holds the control character U+001B"},
 		{"too many needs", func(m *typev1.ModuleManifest) {
 			m.Needs = nil
 			for i := 0; i <= MaxNeeds; i++ {

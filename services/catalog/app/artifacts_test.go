@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 
 	"mesh.dev/internal/config"
 	"mesh.dev/internal/identity"
+	"mesh.dev/internal/lint"
 	"mesh.dev/internal/names"
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
@@ -289,6 +292,10 @@ func TestBuilds(t *testing.T) {
 		return &catalogv1.Build{Fingerprint: fp, State: catalogv1.BuildState_BUILD_STATE_DONE, Artifacts: arts}
 	}
 
+	var tooMany []*typev1.Artifact
+	for i := range lint.MaxParts + 1 {
+		tooMany = append(tooMany, &typev1.Artifact{Ref: fmt.Sprintf("binary:t%03d", i), Digest: art.Digest, Size: art.Size})
+	}
 	unknown := names.FingerprintPrefix + "00" + fp[6:]
 	cases := []struct {
 		name  string
@@ -300,6 +307,11 @@ func TestBuilds(t *testing.T) {
 		{"bad fingerprint", &catalogv1.Build{Fingerprint: "x", State: catalogv1.BuildState_BUILD_STATE_PENDING}, codes.InvalidArgument, `build.fingerprint "x" is not a fingerprint`},
 		{"no state", &catalogv1.Build{Fingerprint: fp}, codes.InvalidArgument, "build.state: BUILD_STATE_UNSPECIFIED is not PENDING, DONE or FAILED"},
 		{"failed without a reason", &catalogv1.Build{Fingerprint: fp, State: catalogv1.BuildState_BUILD_STATE_FAILED}, codes.InvalidArgument, "build.reason: a FAILED build needs a reason"},
+		{"reason too long", &catalogv1.Build{Fingerprint: fp, State: catalogv1.BuildState_BUILD_STATE_FAILED, Reason: strings.Repeat("r", lint.MaxReasonLen+1)},
+			codes.InvalidArgument, "build.reason: is 4097 bytes, over the limit of 4096"},
+		{"reason with a control character", &catalogv1.Build{Fingerprint: fp, State: catalogv1.BuildState_BUILD_STATE_FAILED, Reason: "cc\x00 crashed"},
+			codes.InvalidArgument, "build.reason: holds the control character U+0000"},
+		{"too many artifacts", done(tooMany...), codes.InvalidArgument, "build.artifacts: 65 artifacts, over the limit of 64"},
 		{"bad artifact digest", done(&typev1.Artifact{Ref: "binary:sshd", Digest: "sha256:1"}), codes.InvalidArgument, `build.artifacts[0].digest "sha256:1" is not a digest`},
 		{"unsorted artifacts", done(&typev1.Artifact{Ref: "binary:z", Digest: art.Digest}, &typev1.Artifact{Ref: "binary:a", Digest: art.Digest}), codes.InvalidArgument, "build.artifacts[1].ref"},
 		{"no entry", &catalogv1.Build{Fingerprint: unknown, State: catalogv1.BuildState_BUILD_STATE_PENDING}, codes.NotFound, "no entry of fingerprint " + unknown},
