@@ -152,6 +152,64 @@ func TestComputeSourceDigest(t *testing.T) {
 	}
 }
 
+// TestKnownAnswers pins the fingerprint and the source digest of fixed
+// inputs to values computed apart from this code (python3 hashlib, following
+// DESIGN.md §3): every length prefix is 8 bytes big-endian, a file's mode is
+// its 4 bytes big-endian (itself length-prefixed), a content digest enters as
+// its "sha256:<hex>" text, and files are sorted by the bytes of their path.
+// Engines and catalogs built from other trees must agree on these bytes.
+//
+//	import hashlib, struct
+//	lp = lambda *fs: b"".join(struct.pack(">Q", len(f)) + f for f in fs)
+//	dig = lambda b: "sha256:" + hashlib.sha256(b).hexdigest()
+//	files = sorted([("sshd_config", 0o644, b"Port 22\nPermitRootLogin no\n"),
+//	                ("bin/helper", 0o755, b"#!/bin/sh\nexec sshd -t\n"),
+//	                ("module.yaml", 0o644, b"module: sshd\n")], key=lambda f: f[0].encode())
+//	src = "sha256:" + hashlib.sha256(b"".join(lp(p.encode(), struct.pack(">I", m), dig(c).encode()) for p, m, c in files)).hexdigest()
+//	man = dig(b"manifest bytes")
+//	fp = "fp1:" + hashlib.sha256(lp(b"sshd", b"https://git.example/infra.git", b"modules/sshd", src.encode(), man.encode())).hexdigest()
+func TestKnownAnswers(t *testing.T) {
+	t.Parallel()
+	const (
+		wantSource   = "sha256:aa293cb28c32ffba1f81424373595f446bbcfd2970c3e1d27cecd892d131dec2"
+		wantManifest = "sha256:66444334cfc47d81840f88c1e690564d3c130e9237482a58d7631124e9b9a815"
+		wantFP       = "fp1:b63d767ab6ef04b63fccf5cc76adb9ac8773518fab5de74126eac1d9a028ce43"
+	)
+	files := []SourceFile{
+		{Path: "bin/helper", Mode: 0o755, Digest: Digest([]byte("#!/bin/sh\nexec sshd -t\n"))},
+		{Path: "module.yaml", Mode: 0o644, Digest: Digest([]byte("module: sshd\n"))},
+		{Path: "sshd_config", Mode: 0o644, Digest: Digest([]byte("Port 22\nPermitRootLogin no\n"))},
+	}
+	for _, c := range []struct{ name, got, want string }{
+		{"bin/helper", files[0].Digest, "sha256:728f0ada6dea64557c85b78bca3d38230c2b7fcf90b0d10cf699e473e26bcf07"},
+		{"module.yaml", files[1].Digest, "sha256:f45fcdc79c8262980830ee65bb16c39709f1af03dd983dd729d9c25e0e4a1ac2"},
+		{"sshd_config", files[2].Digest, "sha256:21f261d76ad5b2ec1f58b5650caf2ed93775f928c7fe428b31ccc3b7b41d463c"},
+	} {
+		if c.got != c.want {
+			t.Errorf("content digest of %s = %s, want %s", c.name, c.got, c.want)
+		}
+	}
+	src, err := ComputeSourceDigest(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src != wantSource {
+		t.Errorf("ComputeSourceDigest = %s, want %s", src, wantSource)
+	}
+	if empty, _ := ComputeSourceDigest(nil); empty != "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" {
+		t.Errorf("source digest of no files = %s, want the digest of no bytes", empty)
+	}
+	man := Digest([]byte("manifest bytes"))
+	if man != wantManifest {
+		t.Fatalf("Digest(manifest bytes) = %s, want %s", man, wantManifest)
+	}
+	// The fixed source digest, not src: a wrong source digest must not also
+	// move the fingerprint's answer.
+	if fp := ComputeFingerprint("sshd", "https://git.example/infra.git", "modules/sshd", wantSource, wantManifest); fp != wantFP {
+		t.Errorf("ComputeFingerprint = %s, want %s", fp, wantFP)
+	}
+}
+
 func TestCompositionKey(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
