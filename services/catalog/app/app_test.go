@@ -113,6 +113,36 @@ func TestEmbeddedNATS(t *testing.T) {
 	h.check(t, w, w.start(t))
 }
 
+// TestExternalNATSOverTLS runs the catalog on an external nats-server it
+// reaches only over TLS, configured as --nats-url, --nats-ca, --nats-cert,
+// --nats-key and --nats-creds configure it: logged in by its certificate as
+// deploy/nats maps it, or with a .creds file.
+func TestExternalNATSOverTLS(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"certificate", "creds"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t)
+			catalog := w.pki.Identity(identity.RoleCatalog, "")
+			if name == "certificate" {
+				s := testutil.StartTLSJetStream(t, w.pki, testutil.NATSAuth{CertUsers: []identity.Identity{catalog}})
+				cert, key, _ := w.pki.Files(t, catalog)
+				w.cfg.NATS = app.NATSConfig{URL: s.URL, CAFile: s.CAFile, CertFile: cert, KeyFile: key}
+			} else {
+				s := testutil.StartTLSJetStream(t, w.pki, testutil.NATSAuth{Creds: true})
+				w.cfg.NATS = app.NATSConfig{URL: s.URL, CAFile: s.CAFile, CredsFile: s.CredsFile(t, "mesh-catalog")}
+			}
+			r := w.start(t)
+			if r.catalog.Embedded() != nil || !r.catalog.JetStream().Conn().TLSRequired() {
+				t.Fatal("the catalog is not on the external server over TLS")
+			}
+			h := acknowledge(t, w, r)
+			r.stop()
+			h.check(t, w, w.start(t))
+		})
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	good := func() app.Config {

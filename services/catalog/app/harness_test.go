@@ -75,7 +75,7 @@ func (w *world) start(t testing.TB) *running {
 	if opts.ServerTLS == nil {
 		opts.ServerTLS = w.pki.ServerTLS(t, w.pki.Identity(identity.RoleCatalog, ""))
 	}
-	if opts.JetStream == nil && w.cfg.NATS.EmbeddedDir == "" {
+	if opts.JetStream == nil && w.cfg.NATS.EmbeddedDir == "" && w.cfg.NATS.URL == "" {
 		opts.JetStream = w.js
 	}
 	c, err := app.New(context.Background(), w.cfg, opts)
