@@ -40,6 +40,43 @@ type ServiceConfig struct {
 	Replicas int `yaml:"replicas"`
 }
 
+// The one-machine default (DESIGN.md §9): mesh-catalog runs the embedded
+// server, listening on DefaultEmbeddedListen, and the other services of the
+// machine connect to it at DefaultEmbeddedURL.
+const (
+	DefaultEmbeddedListen = "127.0.0.1:4222"
+	DefaultEmbeddedURL    = "nats://" + DefaultEmbeddedListen
+)
+
+// unset reports whether the section says nothing about where JetStream is:
+// no embedded dir, no URL and nothing only a URL uses.
+func (c ServiceConfig) unset() bool {
+	return c.EmbeddedDir == "" && c.URL == "" && !c.external()
+}
+
+// external reports whether a key only a URL uses is set.
+func (c ServiceConfig) external() bool {
+	return c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" || c.CredsFile != ""
+}
+
+// DefaultEmbedded makes an unset section an embedded server storing in
+// dir, so that a service configured with nothing else runs on its own
+// JetStream. Explicit configuration always wins.
+func (c *ServiceConfig) DefaultEmbedded(dir string) {
+	if c.unset() {
+		c.EmbeddedDir = dir
+	}
+}
+
+// DefaultURL makes an unset section connect to url (for the services that
+// use the embedded server another one runs). Explicit configuration always
+// wins.
+func (c *ServiceConfig) DefaultURL(url string) {
+	if c.unset() {
+		c.URL = url
+	}
+}
+
 // Defaults fills in the replica count (1) and, for an embedded server, its
 // listen address when unset.
 func (c *ServiceConfig) Defaults(embeddedListen string) {
@@ -54,6 +91,8 @@ func (c *ServiceConfig) Defaults(embeddedListen string) {
 // Validate names what is wrong with the section.
 func (c ServiceConfig) Validate() error {
 	switch {
+	case c.EmbeddedDir == "" && c.URL == "" && c.external():
+		return errors.New("config: nats.url is required with nats.ca_file, cert_file, key_file or creds_file")
 	case c.EmbeddedDir == "" && c.URL == "":
 		return errors.New("config: nats.embedded_dir or nats.url is required")
 	case c.EmbeddedDir != "" && c.URL != "":

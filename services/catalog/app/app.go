@@ -28,11 +28,16 @@ import (
 	"mesh.dev/services/catalog/internal/store"
 )
 
-// Default addresses of the catalog and of its embedded NATS server.
+// Defaults of the catalog and of its embedded NATS server, which it runs
+// when its configuration names no NATS (the one-machine default, DESIGN.md
+// §9; the composer of the machine connects to DefaultEmbeddedListen).
 const (
 	DefaultListen         = "127.0.0.1:7401"
 	DefaultMetricsListen  = "127.0.0.1:9401"
-	DefaultEmbeddedListen = "127.0.0.1:4222"
+	DefaultEmbeddedListen = natsx.DefaultEmbeddedListen
+	// DefaultEmbeddedDir is the embedded server's data dir: its JetStream
+	// files are in DefaultEmbeddedDir/jetstream.
+	DefaultEmbeddedDir = "/var/lib/mesh-catalog"
 	// MetricsOff as metrics_listen serves no metrics.
 	MetricsOff = "off"
 )
@@ -72,8 +77,9 @@ type Config struct {
 }
 
 // NATSConfig selects JetStream: an embedded server storing in EmbeddedDir
-// (the one-machine default; the other services connect to its
-// embedded_listen), or an external cluster at URL.
+// (the one-machine default, in DefaultEmbeddedDir when the section names
+// neither; the other services connect to its embedded_listen), or an
+// external cluster at URL.
 type NATSConfig = natsx.ServiceConfig
 
 // Defaults fills in unset optional values.
@@ -84,6 +90,7 @@ func (c *Config) Defaults() {
 	if c.MetricsListen == "" {
 		c.MetricsListen = DefaultMetricsListen
 	}
+	c.NATS.DefaultEmbedded(DefaultEmbeddedDir)
 	c.NATS.Defaults(DefaultEmbeddedListen)
 	if c.UploadIdleTimeout == 0 {
 		c.UploadIdleTimeout = config.Duration(service.DefaultUploadIdleTimeout)

@@ -159,7 +159,8 @@ func TestConfigValidate(t *testing.T) {
 			c.NATS = app.NATSConfig{URL: "tls://nats-1:4222,tls://nats-2:4222", CAFile: "ca.pem", CredsFile: "catalog.creds", Replicas: 3}
 		}, ""},
 		{"no cert", func(c *app.Config) { c.CertFile = "" }, "config: cert_file is required"},
-		{"no nats", func(c *app.Config) { c.NATS = app.NATSConfig{} }, "config: nats.embedded_dir or nats.url is required"},
+		{"no nats is the embedded default", func(c *app.Config) { c.NATS = app.NATSConfig{} }, ""},
+		{"nats tls without a url", func(c *app.Config) { c.NATS = app.NATSConfig{CAFile: "ca.pem"} }, "config: nats.url is required with nats.ca_file"},
 		{"both", func(c *app.Config) { c.NATS.URL = "nats://x:4222" }, "give nats.embedded_dir or nats.url, not both"},
 		{"embedded with replicas", func(c *app.Config) { c.NATS.Replicas = 3 }, "an embedded server holds 1 replica"},
 		{"replicas over 5", func(c *app.Config) { c.NATS = app.NATSConfig{URL: "nats://x:4222", Replicas: 7} }, "nats.replicas 7 is outside 1..5"},
@@ -189,6 +190,13 @@ func TestConfigValidate(t *testing.T) {
 	d.Defaults()
 	if d.Listen != app.DefaultListen || d.MetricsListen != app.DefaultMetricsListen || d.NATS.EmbeddedListen != app.DefaultEmbeddedListen || d.NATS.Replicas != 1 {
 		t.Errorf("defaults: %+v", d)
+	}
+	// Nothing about NATS: the one-machine default, an embedded server an
+	// operator finds under /var/lib.
+	var none app.Config
+	none.Defaults()
+	if want := (app.NATSConfig{EmbeddedDir: "/var/lib/mesh-catalog", EmbeddedListen: "127.0.0.1:4222", Replicas: 1}); none.NATS != want {
+		t.Errorf("nats defaults: %+v, want %+v", none.NATS, want)
 	}
 }
 

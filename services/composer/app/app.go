@@ -80,6 +80,9 @@ func (c *Config) Defaults() {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
+	// With no NATS configured, the embedded server mesh-catalog runs on the
+	// same machine (the one-machine default, DESIGN.md §9).
+	c.NATS.DefaultURL(natsx.DefaultEmbeddedURL)
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = config.Duration(15 * time.Second)
 	}

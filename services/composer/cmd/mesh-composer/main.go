@@ -14,6 +14,7 @@ import (
 	"os"
 
 	"mesh.dev/internal/config"
+	"mesh.dev/internal/natsx"
 	"mesh.dev/internal/svcmain"
 	"mesh.dev/internal/telemetry"
 	"mesh.dev/services/composer/app"
@@ -22,7 +23,11 @@ import (
 const usage = `usage:
   mesh-composer serve --config FILE [--listen ADDR] [--metrics-listen ADDR]
                       [--signer-addr ADDR] [--catalog-addr ADDR] [--holder NAME]
-                      [--nats-url URL | --nats-embedded-dir DIR]`
+                      [--nats-url URL [--nats-ca FILE] [--nats-cert FILE --nats-key FILE] [--nats-creds FILE]
+                       | --nats-embedded-dir DIR] [--nats-replicas N]
+
+With no NATS in the file or the flags, the composer connects to
+` + natsx.DefaultEmbeddedURL + `: the embedded server mesh-catalog runs on the same machine.`
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
@@ -46,6 +51,18 @@ func run(args []string) error {
 }
 
 func serve(args []string) error {
+	cfg, err := loadConfig(args)
+	if err != nil {
+		return err
+	}
+	return svcmain.Serve("mesh-composer", "", cfg.MetricsListen, func(ctx context.Context, tel *telemetry.Telemetry) error {
+		return app.Run(ctx, cfg, app.Options{Logger: tel.Logger, TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
+	})
+}
+
+// loadConfig reads the file, lays the flags over it, fills in the defaults
+// and validates the result.
+func loadConfig(args []string) (app.Config, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	configFile := fs.String("config", "", "YAML config file (unknown keys are refused)")
 	var over app.Config
@@ -54,32 +71,26 @@ func serve(args []string) error {
 	fs.StringVar(&over.SignerAddr, "signer-addr", "", "signer address")
 	fs.StringVar(&over.CatalogAddr, "catalog-addr", "", "catalog address")
 	fs.StringVar(&over.Holder, "holder", "", "this replica's name in the lease (default host-pid)")
-	fs.StringVar(&over.NATS.URL, "nats-url", "", "URL(s) of the NATS server or cluster")
-	fs.StringVar(&over.NATS.EmbeddedDir, "nats-embedded-dir", "", "run an embedded NATS server storing JetStream here")
+	natsFlags := natsx.RegisterFlags(fs, natsx.FlagDefault{URL: natsx.DefaultEmbeddedURL})
 	if err := fs.Parse(args); err != nil {
-		return err
+		return app.Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return app.Config{}, fmt.Errorf("serve takes no arguments, got %q", fs.Args())
 	}
 	var cfg app.Config
 	if err := config.Load(*configFile, &cfg); err != nil {
-		return err
+		return app.Config{}, err
 	}
 	svcmain.Override(&cfg.Listen, over.Listen)
 	svcmain.Override(&cfg.MetricsListen, over.MetricsListen)
 	svcmain.Override(&cfg.SignerAddr, over.SignerAddr)
 	svcmain.Override(&cfg.CatalogAddr, over.CatalogAddr)
 	svcmain.Override(&cfg.Holder, over.Holder)
-	if over.NATS.URL != "" {
-		cfg.NATS.EmbeddedDir, cfg.NATS.URL = "", over.NATS.URL
-	}
-	if over.NATS.EmbeddedDir != "" {
-		cfg.NATS.URL, cfg.NATS.EmbeddedDir = "", over.NATS.EmbeddedDir
-	}
+	natsFlags.Apply(&cfg.NATS)
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
-		return err
+		return app.Config{}, err
 	}
-
-	return svcmain.Serve("mesh-composer", "", cfg.MetricsListen, func(ctx context.Context, tel *telemetry.Telemetry) error {
-		return app.Run(ctx, cfg, app.Options{Logger: tel.Logger, TracerProvider: tel.TracerProvider, MeterProvider: tel.MeterProvider})
-	})
+	return cfg, nil
 }
