@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"mesh.dev/internal/canonical"
+	"mesh.dev/internal/lint"
 	"mesh.dev/internal/names"
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
@@ -301,4 +302,75 @@ func TestListEntriesPaginates(t *testing.T) {
 	mustCode(t, err, codes.InvalidArgument, "page_size -1 is negative")
 	_, err = c.ListEntries(ctx, &catalogv1.ListEntriesRequest{Module: "Bad"})
 	mustCode(t, err, codes.InvalidArgument, "module: ")
+}
+
+// entryOfSize returns an entry of sshd whose encoded size without
+// created_at is exactly size: a raw file fills the manifest, warnings and
+// unknowns the rest.
+func entryOfSize(t testing.TB, size int) *catalogv1.Entry {
+	t.Helper()
+	m := manifest("sshd", "1.0")
+	// The largest manifest: the blob's own tags and lengths take under 64
+	// bytes.
+	raw := lint.MaxManifestSize - canonical.Size(m) - 64
+	m.Resources = append(m.Resources, &typev1.ResourceTemplate{Name: "blob", Type: typev1.ResourceType_RESOURCE_TYPE_FILE,
+		Path: "/srv/blob", Mode: 0o644, Content: &typev1.ResourceTemplate_Raw{Raw: make([]byte, raw)}})
+	e := entryOf(t, m)
+	e.Verdict = catalogv1.Verdict_VERDICT_WARN
+	// Each input costs its length, a tag and a 2-byte length. Whole inputs
+	// go in until two would make up the rest, then two that do.
+	const cost = lint.MaxVerdictInputLen + 3
+	add := func(n int) {
+		s := strings.Repeat("w", n)
+		if len(e.Warnings) < lint.MaxVerdictInputs {
+			e.Warnings = append(e.Warnings, s)
+		} else {
+			e.Unknown = append(e.Unknown, s)
+		}
+	}
+	for size-canonical.Size(e) > 2*cost {
+		add(lint.MaxVerdictInputLen)
+	}
+	rest := size - canonical.Size(e)
+	add(rest/2 - 3)
+	add(size - canonical.Size(e) - 3)
+	if n := canonical.Size(e); n != size {
+		t.Fatalf("entryOfSize: made %d bytes, want %d", n, size)
+	}
+	return e
+}
+
+// TestPutEntryJudgesTheStoredSize checks that the size limit counts what is
+// stored, created_at included: an entry just under 1 MiB without it is
+// refused naming the entry, not by the KV with a message naming nothing,
+// and nothing is stored; one that leaves room for it is stored.
+func TestPutEntryJudgesTheStoredSize(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	r := w.start(t)
+	c := w.builder(t, r)
+	ctx := context.Background()
+
+	over := entryOfSize(t, lint.MaxEntrySize-3)
+	_, err := c.PutEntry(ctx, &catalogv1.PutEntryRequest{Entry: over})
+	mustCode(t, err, codes.InvalidArgument, "bytes encoded, over the limit of 1048576")
+	if msg := statusMessage(err); !strings.HasPrefix(msg, "entry: ") {
+		t.Fatalf("message %q does not name the entry", msg)
+	}
+	_, err = c.GetEntry(ctx, &catalogv1.GetEntryRequest{Fingerprint: over.GetFingerprint()})
+	mustCode(t, err, codes.NotFound, "no entry of fingerprint "+over.GetFingerprint())
+
+	// The most bytes created_at can take now.
+	stamp := canonical.Size(&catalogv1.Entry{CreatedAt: &timestamppb.Timestamp{Seconds: time.Now().Add(time.Hour).Unix(), Nanos: 999_999_999}})
+	fits := entryOfSize(t, lint.MaxEntrySize-stamp)
+	if _, err := c.PutEntry(ctx, &catalogv1.PutEntryRequest{Entry: fits}); err != nil {
+		t.Fatalf("an entry with room for created_at: %v", err)
+	}
+	got, err := c.GetEntry(ctx, &catalogv1.GetEntryRequest{Fingerprint: fits.GetFingerprint()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := canonical.Size(got.GetEntry()); n > lint.MaxEntrySize || got.GetEntry().GetCreatedAt() == nil {
+		t.Fatalf("stored %d bytes (created_at %v)", n, got.GetEntry().GetCreatedAt())
+	}
 }

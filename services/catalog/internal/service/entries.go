@@ -52,11 +52,14 @@ func (s *Server) putEntry(ctx context.Context, in *catalogv1.Entry) (*catalogv1.
 		return nil, invalidf("entry holds fields this catalog does not know, so it cannot check them: %v", err)
 	}
 	e := proto.Clone(in).(*catalogv1.Entry)
-	e.CreatedAt = nil // the catalog's to set
+	// created_at is the catalog's to set, and set before the checks: the
+	// size limit is judged on the bytes the KV will hold, so an entry a few
+	// bytes under it without the timestamp is refused here, naming the
+	// entry, rather than by the KV.
+	e.CreatedAt = timestamppb.New(s.now())
 	if _, err := lint.CheckEntry(e); err != nil {
 		return nil, err
 	}
-	e.CreatedAt = timestamppb.New(s.now())
 	held, created, err := s.store.CreateEntry(ctx, e)
 	if err != nil {
 		return nil, err
