@@ -293,9 +293,10 @@ func opOf(h nats.Header) jetstream.KeyValueOp {
 	return jetstream.KeyValuePut
 }
 
-// publish writes one KV message carrying the trace context of ctx. expect,
-// when not nil, is the revision the key's last message must have (0: none).
-func (k *KV) publish(ctx context.Context, key string, value []byte, expect *uint64, op string) (uint64, error) {
+// publish writes one KV message carrying the trace context of ctx and the
+// extra headers. expect, when not nil, is the revision the key's last
+// message must have (0: none).
+func (k *KV) publish(ctx context.Context, key string, value []byte, expect *uint64, op string, extra ...nats.Header) (uint64, error) {
 	if !keyValid(key) {
 		return 0, fmt.Errorf("%w: %q", jetstream.ErrInvalidKey, key)
 	}
@@ -303,6 +304,11 @@ func (k *KV) publish(ctx context.Context, key string, value []byte, expect *uint
 		return 0, fmt.Errorf("%w: value is %d bytes, over the bucket's limit of %d", ErrTooLarge, len(value), k.maxValue)
 	}
 	m := &nats.Msg{Subject: k.prefix + key, Data: value, Header: nats.Header{}}
+	for _, h := range extra {
+		for name, values := range h {
+			m.Header[name] = slices.Clone(values)
+		}
+	}
 	telemetry.InjectHeader(ctx, m.Header)
 	if expect != nil {
 		m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(*expect, 10))
@@ -326,15 +332,32 @@ func (k *KV) publish(ctx context.Context, key string, value []byte, expect *uint
 // It returns ErrConflict when the key holds a value, ErrTooLarge when value
 // is over the bucket's limit.
 func (k *KV) Create(ctx context.Context, key string, value []byte) (uint64, error) {
+	return k.create(ctx, key, value, nil)
+}
+
+// CreateWithHeader is Create writing h with the value, for what readers
+// should learn from a listing without reading values (ListMeta and a
+// MetaOnly watch deliver the headers). The headers of the KV protocol and
+// the trace context are the wrapper's: h must not set them.
+func (k *KV) CreateWithHeader(ctx context.Context, key string, value []byte, h nats.Header) (uint64, error) {
+	for name := range h {
+		if name == kvOperationHeader || strings.HasPrefix(name, "Nats-") || name == "traceparent" || name == "tracestate" || name == "baggage" {
+			return 0, fmt.Errorf("kv %s: create %s: header %s is the wrapper's", k.bucket, key, name)
+		}
+	}
+	return k.create(ctx, key, value, h)
+}
+
+func (k *KV) create(ctx context.Context, key string, value []byte, h nats.Header) (uint64, error) {
 	ctx, span := k.start(ctx, "kv.create", key)
 	defer span.End()
 	var none uint64
-	rev, err := k.publish(ctx, key, value, &none, "")
+	rev, err := k.publish(ctx, key, value, &none, "", h)
 	if err != nil && isWrongLastSequence(err) {
 		// Only a marker may stand where a value is expected to be absent:
 		// write over it with the marker's revision as the expected one.
 		if last, lerr := k.last(ctx, key); lerr == nil && last.Op != jetstream.KeyValuePut {
-			rev, err = k.publish(ctx, key, value, &last.Revision, "")
+			rev, err = k.publish(ctx, key, value, &last.Revision, "", h)
 		}
 	}
 	if err != nil {

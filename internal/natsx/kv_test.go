@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -572,4 +573,53 @@ func TestKVConflictSpanIsError(t *testing.T) {
 		}
 	}
 	t.Error("no kv.update span")
+}
+
+// TestKVCreateWithHeader checks that a header written with a value comes
+// back from Get, ListMeta and a MetaOnly watch resumed from a revision (how
+// the catalog indexes entries by module without reading them), that
+// Create's rules hold, and that the wrapper's own headers cannot be set.
+func TestKVCreateWithHeader(t *testing.T) {
+	t.Parallel()
+	_, js := serverAndJS(t)
+	kv := ensureKV(t, js, testSpec(1))
+	ctx := t.Context()
+	first, err := kv.Create(ctx, "a", []byte("no header"))
+	mustNoErr(t, err)
+	rev, err := kv.CreateWithHeader(ctx, "b", []byte("value"), nats.Header{"Mesh-Module": []string{"sshd"}})
+	mustNoErr(t, err)
+
+	e, err := kv.Get(ctx, "b")
+	mustNoErr(t, err)
+	if e.Header.Get("Mesh-Module") != "sshd" || string(e.Value) != "value" || e.Revision != rev {
+		t.Fatalf("get = %+v", e)
+	}
+	meta, err := kv.ListMeta(ctx)
+	mustNoErr(t, err)
+	if len(meta) != 2 || meta[0].Header.Get("Mesh-Module") != "" || meta[1].Header.Get("Mesh-Module") != "sshd" {
+		t.Fatalf("meta = %+v", meta)
+	}
+	w, err := kv.Watch(ctx, "", ResumeFromRevision(first+1), MetaOnly(), IgnoreDeletes())
+	mustNoErr(t, err)
+	defer w.Stop()
+	got := <-w.Updates()
+	if got == nil || got.Key != "b" || got.Header.Get("Mesh-Module") != "sshd" || got.Revision != rev {
+		t.Fatalf("watch from %d delivered %+v", first+1, got)
+	}
+	if marker := <-w.Updates(); marker != nil {
+		t.Fatalf("watch delivered %+v, want the caught-up marker", marker)
+	}
+
+	if _, err := kv.CreateWithHeader(ctx, "b", []byte("other"), nats.Header{"Mesh-Module": []string{"motd"}}); !errors.Is(err, ErrConflict) {
+		t.Errorf("create over a value: %v", err)
+	}
+	for _, name := range []string{"KV-Operation", "Nats-Expected-Last-Subject-Sequence", "traceparent"} {
+		_, err := kv.CreateWithHeader(ctx, "c", []byte("x"), nats.Header{name: []string{"x"}})
+		if err == nil || !strings.Contains(err.Error(), "header "+name+" is the wrapper's") {
+			t.Errorf("header %s: %v", name, err)
+		}
+	}
+	if _, err := kv.Get(ctx, "c"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a refused create wrote: %v", err)
+	}
 }

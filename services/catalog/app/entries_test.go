@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -16,6 +18,7 @@ import (
 	"mesh.dev/internal/canonical"
 	"mesh.dev/internal/lint"
 	"mesh.dev/internal/names"
+	"mesh.dev/internal/natsx"
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 )
@@ -372,5 +375,122 @@ func TestPutEntryJudgesTheStoredSize(t *testing.T) {
 	}
 	if n := canonical.Size(got.GetEntry()); n > lint.MaxEntrySize || got.GetEntry().GetCreatedAt() == nil {
 		t.Fatalf("stored %d bytes (created_at %v)", n, got.GetEntry().GetCreatedAt())
+	}
+}
+
+// kvCalls counts the KV calls on catalog-entries among the spans ended so
+// far, by operation ("kv.get", "kv.list_keys", "kv.watch", ...).
+func kvCalls(spans *tracetest.SpanRecorder) map[string]int {
+	n := map[string]int{}
+	for _, s := range spans.Ended() {
+		if op, ok := strings.CutSuffix(s.Name(), " "+natsx.BucketCatalogEntries); ok {
+			n[op]++
+		}
+	}
+	return n
+}
+
+// TestListEntriesPagesReadOnlyTheirEntries pages through one module's
+// entries among many, on a catalog replica that did not write them, and
+// checks that each page reads only its own entries: no listing of every key,
+// no read of another module's entry, whatever the catalog holds. Entries
+// written by another replica, written without the module header (as a
+// restore does) and stored before a restart are all listed.
+func TestListEntriesPagesReadOnlyTheirEntries(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.cfg.EntryCacheBytes = -1 // every read reaches the KV and is counted
+	spans := tracetest.NewSpanRecorder()
+	w.opts.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	writer := w.start(t)
+	c := w.builder(t, writer)
+	ctx := context.Background()
+	var sshd []string
+	for i := range 15 {
+		module := []string{"motd", "users", "sshd"}[i%3]
+		e := putEntry(t, c, module, fmt.Sprintf("1.%d", i))
+		if module == "sshd" {
+			sshd = append(sshd, e.GetFingerprint())
+		}
+	}
+	// One entry without the header, written as `meshctl restore` writes.
+	kv, err := natsx.OpenKV(ctx, w.js, natsx.BucketCatalogEntries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare := entryOf(t, manifest("sshd", "2.0"))
+	bare.CreatedAt = timestamppb.Now()
+	b, err := canonical.Marshal(bare)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, names.FingerprintHex(bare.GetFingerprint()), b); err != nil {
+		t.Fatal(err)
+	}
+	sshd = append(sshd, bare.GetFingerprint())
+	slices.Sort(sshd)
+
+	// pageAll pages through sshd by 2; the first page may read extra
+	// entries besides its own (to learn the modules of entries written
+	// without the header).
+	pageAll := func(r *running, extra int) []string {
+		t.Helper()
+		reader := w.operator(t, r)
+		var got []string
+		token := ""
+		for pages := 0; ; pages++ {
+			if pages > 10 {
+				t.Fatal("no last page")
+			}
+			before := kvCalls(spans)
+			resp, err := reader.ListEntries(ctx, &catalogv1.ListEntriesRequest{Module: "sshd", PageSize: 2, PageToken: token})
+			if err != nil {
+				t.Fatal(err)
+			}
+			after := kvCalls(spans)
+			for _, e := range resp.GetEntries() {
+				if e.GetModule() != "sshd" {
+					t.Fatalf("entry of %s listed for sshd", e.GetModule())
+				}
+				got = append(got, e.GetFingerprint())
+			}
+			if n := after["kv.list_keys"] - before["kv.list_keys"]; n != 0 {
+				t.Errorf("page %d listed every key %d times", pages, n)
+			}
+			want := len(resp.GetEntries())
+			if pages == 0 {
+				want += extra
+			}
+			if n := after["kv.get"] - before["kv.get"]; n != want {
+				t.Errorf("page %d of %d entries read %d entries, want %d", pages, len(resp.GetEntries()), n, want)
+			}
+			if n := after["kv.watch"] - before["kv.watch"]; pages > 0 && n != 0 {
+				t.Errorf("page %d watched the stream again with nothing new (%d)", pages, n)
+			}
+			if token = resp.GetNextPageToken(); token == "" {
+				return got
+			}
+		}
+	}
+
+	reader := w.start(t)
+	// The first page learns the bare entry's module by reading it, once.
+	if got := pageAll(reader, 1); !slices.Equal(got, sshd) {
+		t.Fatalf("sshd by 2 on another replica:\n got %v\nwant %v", got, sshd)
+	}
+	if got := pageAll(reader, 0); !slices.Equal(got, sshd) {
+		t.Fatalf("sshd by 2 again:\n got %v\nwant %v", got, sshd)
+	}
+	// A write on the writer shows on the reader's next call.
+	late := putEntry(t, c, "sshd", "3.0")
+	sshd = append(sshd, late.GetFingerprint())
+	slices.Sort(sshd)
+	if got := pageAll(reader, 0); !slices.Equal(got, sshd) {
+		t.Fatalf("sshd after a write on the other replica:\n got %v\nwant %v", got, sshd)
+	}
+	writer.stop()
+	reader.stop()
+	if got := pageAll(w.start(t), 1); !slices.Equal(got, sshd) {
+		t.Fatalf("sshd after a restart:\n got %v\nwant %v", got, sshd)
 	}
 }

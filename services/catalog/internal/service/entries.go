@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"sort"
 	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -136,7 +135,8 @@ func (s *Server) getEntry(ctx context.Context, fp string) (*catalogv1.Entry, err
 }
 
 // ListEntries pages through the entries by fingerprint, optionally of one
-// module.
+// module, reading only the entries of the page (the store's index orders
+// them).
 func (s *Server) ListEntries(ctx context.Context, req *catalogv1.ListEntriesRequest) (*catalogv1.ListEntriesResponse, error) {
 	const method = "ListEntries"
 	ctx, span := s.start(ctx, method, attrModule.String(req.GetModule()))
@@ -169,52 +169,47 @@ func (s *Server) listEntries(ctx context.Context, req *catalogv1.ListEntriesRequ
 	if err != nil {
 		return nil, err
 	}
-	fps, err := s.store.EntryFingerprints(ctx)
-	if err != nil {
-		return nil, err
-	}
-	start := sort.SearchStrings(fps, after)
-	if start < len(fps) && fps[start] == after {
-		start++
-	}
+	// The index names the fingerprints in order; only the page's entries are
+	// read. A fingerprint deleted by hand since it was indexed is skipped,
+	// and more are asked for in its place.
 	resp := &catalogv1.ListEntriesResponse{}
 	bytes := 0
-	for i := start; i < len(fps); i++ {
-		fp := fps[i]
-		if module != "" {
-			m, err := s.store.EntryModule(ctx, fp)
+	for {
+		fps, more, err := s.store.EntryPage(ctx, module, after, size-len(resp.Entries))
+		if err != nil {
+			return nil, err
+		}
+		for i, fp := range fps {
+			e, err := s.store.Entry(ctx, fp)
 			if errors.Is(err, natsx.ErrNotFound) {
 				continue
 			}
 			if err != nil {
 				return nil, err
 			}
-			if m != module {
+			if module != "" && e.GetModule() != module {
+				s.log.ErrorContext(ctx, "entry indexed under another module; skipped", "fingerprint", fp, "module", e.GetModule(), "indexed", module)
 				continue
 			}
-		}
-		e, err := s.store.Entry(ctx, fp)
-		if errors.Is(err, natsx.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		n := proto.Size(e)
-		if len(resp.Entries) > 0 && bytes+n > pageBytes {
-			resp.NextPageToken = pageToken(module, resp.Entries[len(resp.Entries)-1].GetFingerprint())
-			return resp, nil
-		}
-		bytes += n
-		resp.Entries = append(resp.Entries, e)
-		if len(resp.Entries) == size {
-			if i+1 < len(fps) {
-				resp.NextPageToken = pageToken(module, fp)
+			n := proto.Size(e)
+			if len(resp.Entries) > 0 && bytes+n > pageBytes {
+				resp.NextPageToken = pageToken(module, resp.Entries[len(resp.Entries)-1].GetFingerprint())
+				return resp, nil
 			}
+			bytes += n
+			resp.Entries = append(resp.Entries, e)
+			if len(resp.Entries) == size {
+				if more || i+1 < len(fps) {
+					resp.NextPageToken = pageToken(module, fp)
+				}
+				return resp, nil
+			}
+		}
+		if !more || len(fps) == 0 {
 			return resp, nil
 		}
+		after = fps[len(fps)-1]
 	}
-	return resp, nil
 }
 
 // pageTokenVersion starts every page token, so that the format can change.

@@ -2,7 +2,9 @@
 // KV buckets catalog-entries and catalog-builds (key: fingerprint hex),
 // catalog-modules (key "<module>" for the current registration and
 // "<module>.<seq>" for its immutable history) and the object store
-// artifacts (named by digest). Records are stored as canonical bytes. Every
+// artifacts (named by digest). Records are stored as canonical bytes; an
+// entry is written with its module in the Mesh-Module header, from which an
+// in-memory index orders entries by module for ListEntries. Every
 // KV and object call is a span (natsx). Errors wrap natsx.ErrNotFound,
 // natsx.ErrConflict and natsx.ErrTooLarge where those apply, and
 // ErrMismatch for an artifact whose bytes are not what was declared.
@@ -16,8 +18,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
@@ -35,10 +37,6 @@ const DefaultEntryCacheBytes = 64 << 20
 
 // TracerName is the instrumentation scope of the store's own spans.
 const TracerName = "mesh.dev/services/catalog/internal/store"
-
-// maxModuleIndex bounds the fingerprint → module index ListEntries filters
-// with; past it the index is cleared and rebuilt as entries are read.
-const maxModuleIndex = 1 << 20
 
 // Config is what Open needs besides a JetStream context.
 type Config struct {
@@ -65,10 +63,7 @@ type Store struct {
 	log       *slog.Logger
 
 	cache *entryCache
-
-	// indexMu guards moduleOf, fingerprint → module of every entry seen.
-	indexMu  sync.Mutex
-	moduleOf map[string]string
+	index *entryIndex
 }
 
 // Open creates or updates the catalog's buckets and object store with the
@@ -88,7 +83,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, erro
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
-	s := &Store{js: js, opts: opts, tracer: tp.Tracer(TracerName), log: log, moduleOf: map[string]string{}}
+	s := &Store{js: js, opts: opts, tracer: tp.Tracer(TracerName), log: log, index: newEntryIndex()}
 	kvs := map[string]**natsx.KV{
 		natsx.BucketCatalogEntries: &s.entries,
 		natsx.BucketCatalogBuilds:  &s.builds,
@@ -172,17 +167,11 @@ func (s *Store) Entry(ctx context.Context, fp string) (*catalogv1.Entry, error) 
 
 func (s *Store) remember(e *catalogv1.Entry, size int) {
 	s.cache.put(e.GetFingerprint(), e, size)
-	s.indexMu.Lock()
-	if len(s.moduleOf) >= maxModuleIndex {
-		s.moduleOf = map[string]string{}
-	}
-	s.moduleOf[e.GetFingerprint()] = e.GetModule()
-	s.indexMu.Unlock()
 }
 
-// CreateEntry stores a new entry. When the fingerprint is already held it
-// stores nothing and returns the held entry with created false, for the
-// caller to compare.
+// CreateEntry stores a new entry, its module in the ModuleHeader header.
+// When the fingerprint is already held it stores nothing and returns the
+// held entry with created false, for the caller to compare.
 func (s *Store) CreateEntry(ctx context.Context, e *catalogv1.Entry) (held *catalogv1.Entry, created bool, err error) {
 	key, err := fpKey(e.GetFingerprint())
 	if err != nil {
@@ -192,7 +181,7 @@ func (s *Store) CreateEntry(ctx context.Context, e *catalogv1.Entry) (held *cata
 	if err != nil {
 		return nil, false, err
 	}
-	if _, err := s.entries.Create(ctx, key, b); err != nil {
+	if _, err := s.entries.CreateWithHeader(ctx, key, b, nats.Header{ModuleHeader: []string{e.GetModule()}}); err != nil {
 		if !errors.Is(err, natsx.ErrConflict) {
 			return nil, false, err
 		}
@@ -204,40 +193,6 @@ func (s *Store) CreateEntry(ctx context.Context, e *catalogv1.Entry) (held *cata
 	}
 	s.remember(e, len(b))
 	return e, true, nil
-}
-
-// EntryFingerprints returns the fingerprints of every entry, sorted.
-func (s *Store) EntryFingerprints(ctx context.Context) ([]string, error) {
-	keys, err := s.entries.ListKeys(ctx)
-	if err != nil {
-		return nil, err
-	}
-	fps := make([]string, 0, len(keys))
-	for _, k := range keys {
-		if fp := names.FingerprintFromHex(k); fp != "" {
-			fps = append(fps, fp)
-		} else {
-			s.log.Warn("catalog-entries holds a key that is no fingerprint", "key", k)
-		}
-	}
-	// Keys are sorted; "fp1:" + hex sorts the same.
-	return fps, nil
-}
-
-// EntryModule returns the module of a fingerprint's entry, from the index
-// when known.
-func (s *Store) EntryModule(ctx context.Context, fp string) (string, error) {
-	s.indexMu.Lock()
-	m, ok := s.moduleOf[fp]
-	s.indexMu.Unlock()
-	if ok {
-		return m, nil
-	}
-	e, err := s.Entry(ctx, fp)
-	if err != nil {
-		return "", err
-	}
-	return e.GetModule(), nil
 }
 
 // Build returns the build of a fingerprint and its revision, or an error
@@ -439,15 +394,7 @@ func DecodeRegistration(e *natsx.Entry) (*catalogv1.Registration, error) {
 
 // ModulesRevision returns the last revision of the catalog-modules bucket.
 func (s *Store) ModulesRevision(ctx context.Context) (uint64, error) {
-	st, err := s.modules.Status(ctx)
-	if err != nil {
-		return 0, err
-	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok || bs.StreamInfo() == nil {
-		return 0, fmt.Errorf("catalog-modules: status has no stream info (%T)", st)
-	}
-	return bs.StreamInfo().State.LastSeq, nil
+	return lastSeq(ctx, s.modules)
 }
 
 // RepairHistory writes the history key of every current registration that
