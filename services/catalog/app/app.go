@@ -142,8 +142,22 @@ type Options struct {
 
 // Policy is the catalog's authorization table (DESIGN.md §8): builders
 // write entries, builds, artifacts and registrations; operators put entries
-// and register; readers are the services and roles that need each answer;
-// nodes only read; artifacts are not secret.
+// and register; each read is allowed to the roles that call it, and no
+// more:
+//   - GetEntry: the composer (compositions), the signer (its cross-check),
+//     nodes (the engine's entries cache, §7), operators (meshctl catalog
+//     get) and builders (publish looks an entry up before putting it).
+//   - ListEntries: operators and builders (meshctl catalog ls); the
+//     composer reads entries by fingerprint only.
+//   - GetBuild: the composer (parts of wants), the signer (DONE and parts,
+//     §5.4), operators (meshctl catalog get) and builders (publish skips a
+//     DONE build); a node takes its parts from its want (§7), never a build.
+//   - GetModule, ListModules: the composer, operators and builders
+//     (meshctl catalog modules); the signer judges entries and builds, not
+//     registrations (§5.4), and nodes hear registrations through manifests.
+//   - WatchModules: the composer (its catalog view) and operators (meshctl
+//     catalog watch).
+//   - DownloadArtifact: everyone; artifacts are not secret.
 func Policy() authz.Policy {
 	// The catalog never calls itself: its own role is allowed nothing.
 	const (
@@ -156,14 +170,14 @@ func Policy() authz.Policy {
 	return authz.Policy{
 		catalogv1.CatalogService_PutEntry_FullMethodName:         authz.Allow(builder, operator),
 		catalogv1.CatalogService_GetEntry_FullMethodName:         authz.Allow(composer, signer, node, operator, builder),
-		catalogv1.CatalogService_ListEntries_FullMethodName:      authz.Allow(operator, builder, composer),
+		catalogv1.CatalogService_ListEntries_FullMethodName:      authz.Allow(operator, builder),
 		catalogv1.CatalogService_PutBuild_FullMethodName:         authz.Allow(builder),
-		catalogv1.CatalogService_GetBuild_FullMethodName:         authz.Allow(composer, signer, operator, builder, node),
+		catalogv1.CatalogService_GetBuild_FullMethodName:         authz.Allow(composer, signer, operator, builder),
 		catalogv1.CatalogService_UploadArtifact_FullMethodName:   authz.Allow(builder),
 		catalogv1.CatalogService_DownloadArtifact_FullMethodName: authz.AnyAuthenticated(),
 		catalogv1.CatalogService_RegisterModule_FullMethodName:   authz.Allow(builder, operator),
-		catalogv1.CatalogService_GetModule_FullMethodName:        authz.Allow(composer, operator, builder, signer),
-		catalogv1.CatalogService_ListModules_FullMethodName:      authz.Allow(composer, operator, builder, signer),
+		catalogv1.CatalogService_GetModule_FullMethodName:        authz.Allow(composer, operator, builder),
+		catalogv1.CatalogService_ListModules_FullMethodName:      authz.Allow(composer, operator, builder),
 		catalogv1.CatalogService_WatchModules_FullMethodName:     authz.Allow(composer, operator),
 	}
 }

@@ -226,14 +226,14 @@ func TestAuthorizationMatrix(t *testing.T) {
 		Expect: map[string]authztest.Expectation{
 			catalogv1.CatalogService_PutEntry_FullMethodName:         authztest.Allow(builder, operator),
 			catalogv1.CatalogService_GetEntry_FullMethodName:         authztest.Allow(composer, signer, node, operator, builder),
-			catalogv1.CatalogService_ListEntries_FullMethodName:      authztest.Allow(operator, builder, composer),
+			catalogv1.CatalogService_ListEntries_FullMethodName:      authztest.Allow(operator, builder),
 			catalogv1.CatalogService_PutBuild_FullMethodName:         authztest.Allow(builder),
-			catalogv1.CatalogService_GetBuild_FullMethodName:         authztest.Allow(composer, signer, operator, builder, node),
+			catalogv1.CatalogService_GetBuild_FullMethodName:         authztest.Allow(composer, signer, operator, builder),
 			catalogv1.CatalogService_UploadArtifact_FullMethodName:   authztest.Allow(builder),
 			catalogv1.CatalogService_DownloadArtifact_FullMethodName: authztest.Anyone(),
 			catalogv1.CatalogService_RegisterModule_FullMethodName:   authztest.Allow(builder, operator),
-			catalogv1.CatalogService_GetModule_FullMethodName:        authztest.Allow(composer, operator, builder, signer),
-			catalogv1.CatalogService_ListModules_FullMethodName:      authztest.Allow(composer, operator, builder, signer),
+			catalogv1.CatalogService_GetModule_FullMethodName:        authztest.Allow(composer, operator, builder),
+			catalogv1.CatalogService_ListModules_FullMethodName:      authztest.Allow(composer, operator, builder),
 			catalogv1.CatalogService_WatchModules_FullMethodName:     authztest.Allow(composer, operator),
 		},
 		Requests: map[string]proto.Message{
