@@ -283,3 +283,70 @@ func waitFor(t *testing.T, out *syncBuffer, want string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestCatalogRegister registers by hand: the text and JSON answers, the
+// no-op of registering the fingerprint a module runs at, the catalog's
+// refusals passed on with their words, and the history it leaves.
+func TestCatalogRegister(t *testing.T) {
+	f := startCatalog(t)
+	dir := t.TempDir()
+	put := func(yaml string) string {
+		t.Helper()
+		file := filepath.Join(dir, "entry.yaml")
+		if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var resp catalogv1.PutEntryResponse
+		if err := protojson.Unmarshal([]byte(f.must(t, "operator-admin", "catalog", "put", file, "-o", "json")), &resp); err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetFingerprint()
+	}
+	v1 := put(entryYAML)
+	v2 := put(strings.Replace(entryYAML, `version: "1.0"`, `version: "1.1"`, 1))
+	other := put(strings.ReplaceAll(entryYAML, "demo", "motd"))
+
+	if out := f.must(t, "operator-admin", "catalog", "register", "demo", v1); out != "module demo runs at "+v1+" (registration 1)\n" {
+		t.Fatalf("first register: %q", out)
+	}
+	if out := f.must(t, "operator-admin", "catalog", "register", "demo", v1); out != "module demo already runs at "+v1+" (registration 1)\n" {
+		t.Fatalf("register again: %q", out)
+	}
+	var resp catalogv1.RegisterModuleResponse
+	out := f.must(t, "builder-ci", "catalog", "register", "demo", v2, "-o", "json")
+	if err := protojson.Unmarshal([]byte(out), &resp); err != nil {
+		t.Fatalf("register -o json: %v\n%s", err, out)
+	}
+	if r := resp.GetRegistration(); !resp.GetChanged() || r.GetSeq() != 2 || r.GetFingerprint() != v2 || r.GetRegisteredBy() != "builder/ci" {
+		t.Fatalf("register -o json: %v", &resp)
+	}
+
+	missing := names.FingerprintPrefix + strings.Repeat("0", 64)
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"an entry of another module", []string{"demo", other}, "code = FailedPrecondition desc = fingerprint " + other + ` is an entry of module "motd", not "demo"`},
+		{"no entry", []string{"demo", missing}, "code = NotFound desc = no entry of fingerprint " + missing},
+		{"not a fingerprint", []string{"demo", "fp1:abc"}, `code = InvalidArgument desc = fingerprint "fp1:abc" is not a fingerprint`},
+		{"a reserved module", []string{"node", v1}, `code = InvalidArgument desc = module: module name "node" is reserved`},
+		{"one argument", []string{"demo"}, "accepts 2 arg(s), received 1"},
+	} {
+		_, err := f.run(t, t.Context(), "operator-admin", append([]string{"catalog", "register"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", c.name, err, c.want)
+		}
+	}
+
+	// What register did is the module's history; the refusals left none.
+	var mod catalogv1.GetModuleResponse
+	hist := f.must(t, "operator-admin", "catalog", "modules", "demo", "--history", "-o", "json")
+	if err := protojson.Unmarshal([]byte(hist), &mod); err != nil {
+		t.Fatal(err)
+	}
+	h := mod.GetHistory()
+	if len(h) != 2 || h[0].GetFingerprint() != v1 || h[0].GetRegisteredBy() != "operator/admin" || h[1].GetFingerprint() != v2 || mod.GetRegistration().GetSeq() != 2 {
+		t.Fatalf("history: %v", &mod)
+	}
+}
