@@ -14,8 +14,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"mesh.dev/internal/canonical"
 	"mesh.dev/internal/names"
+	"mesh.dev/internal/natsx"
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
+	"mesh.dev/services/catalog/internal/store"
 )
 
 func register(t testing.TB, c catalogv1.CatalogServiceClient, module, fp string) *catalogv1.RegisterModuleResponse {
@@ -162,6 +165,47 @@ func TestRegistrationHistoryRepair(t *testing.T) {
 	}
 	if next := register(t, w.builder(t, r2), "sshd", v1.GetFingerprint()); next.GetRegistration().GetSeq() != 3 {
 		t.Fatalf("next registration: %v", next)
+	}
+}
+
+// TestRegisterRefusesToRewriteHistory tampers with a history key by hand
+// and registers again: the catalog, which first completes the current
+// registration's history key, finds another registration there, refuses
+// with INTERNAL (no retry helps; the detail goes to the log) and changes
+// nothing.
+func TestRegisterRefusesToRewriteHistory(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	r := w.start(t)
+	c := w.builder(t, r)
+	ctx := context.Background()
+	v1 := release(t, c, "sshd", "1.0")
+	v2 := release(t, c, "sshd", "1.1")
+	register(t, c, "sshd", v1.GetFingerprint())
+	kv, err := natsx.OpenKV(ctx, w.js, natsx.BucketCatalogModules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := &catalogv1.Registration{Module: "sshd", Fingerprint: v2.GetFingerprint(), Seq: 1, RegisteredAt: timestamppb.Now(), RegisteredBy: "operator/mallory"}
+	b, err := canonical.Marshal(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, store.HistoryKey("sshd", 1), b); err != nil {
+		t.Fatal(err)
+	}
+
+	_, err = c.RegisterModule(ctx, &catalogv1.RegisterModuleRequest{Module: "sshd", Fingerprint: v2.GetFingerprint()})
+	mustCode(t, err, codes.Internal, "internal error; see the catalog's log")
+	got, err := w.operator(t, r).GetModule(ctx, &catalogv1.GetModuleRequest{Module: "sshd", History: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reg := got.GetRegistration(); reg.GetSeq() != 1 || reg.GetFingerprint() != v1.GetFingerprint() {
+		t.Fatalf("the refused registration changed the current one: %v", reg)
+	}
+	if h := got.GetHistory(); len(h) != 1 || !proto.Equal(h[0], forged) {
+		t.Fatalf("history: %v", h)
 	}
 }
 

@@ -6,8 +6,9 @@
 // entry is written with its module in the Mesh-Module header, from which an
 // in-memory index orders entries by module for ListEntries. Every
 // KV and object call is a span (natsx). Errors wrap natsx.ErrNotFound,
-// natsx.ErrConflict and natsx.ErrTooLarge where those apply, and
-// ErrMismatch for an artifact whose bytes are not what was declared.
+// natsx.ErrConflict and natsx.ErrTooLarge where those apply, ErrMismatch for
+// an artifact whose bytes are not what was declared and ErrHistoryConflict
+// for a history key that would be rewritten.
 package store
 
 import (
@@ -272,9 +273,14 @@ func (s *Store) PutRegistration(ctx context.Context, r *catalogv1.Registration, 
 	return s.modules.Update(ctx, r.GetModule(), v, rev)
 }
 
+// ErrHistoryConflict is returned by PutHistory when the history key holds
+// another registration: history is never rewritten, and this is no race a
+// retry resolves but a store changed by hand.
+var ErrHistoryConflict = errors.New("the history key holds another registration")
+
 // PutHistory writes r as the immutable history key "<module>.<seq>". A key
 // already holding the same registration is not an error; one holding
-// another is (natsx.ErrConflict): history is never rewritten.
+// another is (ErrHistoryConflict), and is left as it is.
 func (s *Store) PutHistory(ctx context.Context, r *catalogv1.Registration) error {
 	key := HistoryKey(r.GetModule(), r.GetSeq())
 	v, err := canonical.Marshal(r)
@@ -290,7 +296,12 @@ func (s *Store) PutHistory(ctx context.Context, r *catalogv1.Registration) error
 			return gerr
 		}
 		if !slices.Equal(held.Value, v) {
-			return fmt.Errorf("history key %s holds another registration: %w", key, err)
+			other, derr := decodeRegistration(key, held.Value)
+			if derr != nil {
+				return fmt.Errorf("history key %s: %w (%v)", key, ErrHistoryConflict, derr)
+			}
+			return fmt.Errorf("history key %s: %w: %s registered by %s, not %s registered by %s", key, ErrHistoryConflict,
+				other.GetFingerprint(), other.GetRegisteredBy(), r.GetFingerprint(), r.GetRegisteredBy())
 		}
 	}
 	return nil
