@@ -124,6 +124,15 @@ func TestUploadAndDownload(t *testing.T) {
 		t.Fatalf("dedupe: %v, %v", resp, err)
 	}
 
+	// A held digest with another size is refused after the header.
+	stream, err = c.UploadArtifact(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(t, stream, header(art.GetDigest(), art.GetSize()+1))
+	_, err = stream.CloseAndRecv()
+	mustCode(t, err, codes.InvalidArgument, "header.size 716924 is not the size of artifact "+art.GetDigest()+", which is held (716923 bytes)")
+
 	// An empty artifact is an artifact.
 	empty := upload(t, c, "binary:empty", nil)
 	got, size, err := download(t, c, empty.GetDigest(), 0)

@@ -230,8 +230,10 @@ func TestGetEntryNotFound(t *testing.T) {
 	}
 	_, err = c.GetEntry(context.Background(), &catalogv1.GetEntryRequest{Fingerprint: "fp1:nope"})
 	mustCode(t, err, codes.InvalidArgument, `fingerprint "fp1:nope" is not a fingerprint`)
-	_, err = c.GetBuild(context.Background(), &catalogv1.GetBuildRequest{Fingerprint: fp})
+	_, err = w.operator(t, r).GetBuild(context.Background(), &catalogv1.GetBuildRequest{Fingerprint: fp})
 	mustCode(t, err, codes.NotFound, "no build of fingerprint "+fp)
+	_, err = w.operator(t, r).GetBuild(context.Background(), &catalogv1.GetBuildRequest{Fingerprint: "fp1:nope"})
+	mustCode(t, err, codes.InvalidArgument, `fingerprint "fp1:nope" is not a fingerprint`)
 }
 
 func TestListEntriesPaginates(t *testing.T) {

@@ -59,6 +59,8 @@ func TestRegisterModuleAndHistory(t *testing.T) {
 	}
 	_, err := op.GetModule(ctx, &catalogv1.GetModuleRequest{Module: "sshd"})
 	mustCode(t, err, codes.NotFound, "no registration of module sshd")
+	_, err = op.GetModule(ctx, &catalogv1.GetModuleRequest{Module: "SSHD"})
+	mustCode(t, err, codes.InvalidArgument, `module: module "SSHD" is not a DNS label`)
 
 	first := register(t, c, "sshd", v1.GetFingerprint())
 	if !first.GetChanged() || first.GetRegistration().GetSeq() != 1 || first.GetRegistration().GetRegisteredBy() != "builder/ci" {
