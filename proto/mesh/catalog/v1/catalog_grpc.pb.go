@@ -55,7 +55,7 @@ type CatalogServiceClient interface {
 	// message exactly "no entry of fingerprint <fp>".
 	GetEntry(ctx context.Context, in *GetEntryRequest, opts ...grpc.CallOption) (*GetEntryResponse, error)
 	// ListEntries pages through entries, optionally of one module, ordered by
-	// fingerprint. Callers: operator, builder, composer.
+	// fingerprint. Callers: operator, builder.
 	// Codes: INVALID_ARGUMENT (bad module, page size or page token).
 	ListEntries(ctx context.Context, in *ListEntriesRequest, opts ...grpc.CallOption) (*ListEntriesResponse, error)
 	// PutBuild records the build of an existing entry; PENDING and FAILED
@@ -67,7 +67,7 @@ type CatalogServiceClient interface {
 	// DONE and this one differs), ABORTED (concurrent writes kept winning).
 	PutBuild(ctx context.Context, in *PutBuildRequest, opts ...grpc.CallOption) (*PutBuildResponse, error)
 	// GetBuild returns the build of a fingerprint. Callers: composer, signer,
-	// operator, builder, node.
+	// operator, builder.
 	// Codes: INVALID_ARGUMENT, NOT_FOUND ("no build of fingerprint <fp>").
 	GetBuild(ctx context.Context, in *GetBuildRequest, opts ...grpc.CallOption) (*GetBuildResponse, error)
 	// UploadArtifact streams an artifact into the object store `artifacts`.
@@ -96,11 +96,11 @@ type CatalogServiceClient interface {
 	// registrations kept winning; retry).
 	RegisterModule(ctx context.Context, in *RegisterModuleRequest, opts ...grpc.CallOption) (*RegisterModuleResponse, error)
 	// GetModule returns a module's current registration and its history.
-	// Callers: composer, operator, builder, signer.
+	// Callers: composer, operator, builder.
 	// Codes: INVALID_ARGUMENT, NOT_FOUND ("no registration of module <m>").
 	GetModule(ctx context.Context, in *GetModuleRequest, opts ...grpc.CallOption) (*GetModuleResponse, error)
 	// ListModules returns every module's current registration, by module.
-	// Callers: composer, operator, builder, signer.
+	// Callers: composer, operator, builder.
 	// Codes: INTERNAL (the catalog-modules bucket cannot be read).
 	ListModules(ctx context.Context, in *ListModulesRequest, opts ...grpc.CallOption) (*ListModulesResponse, error)
 	// WatchModules streams registrations. Protocol: 1. every current
@@ -278,7 +278,7 @@ type CatalogServiceServer interface {
 	// message exactly "no entry of fingerprint <fp>".
 	GetEntry(context.Context, *GetEntryRequest) (*GetEntryResponse, error)
 	// ListEntries pages through entries, optionally of one module, ordered by
-	// fingerprint. Callers: operator, builder, composer.
+	// fingerprint. Callers: operator, builder.
 	// Codes: INVALID_ARGUMENT (bad module, page size or page token).
 	ListEntries(context.Context, *ListEntriesRequest) (*ListEntriesResponse, error)
 	// PutBuild records the build of an existing entry; PENDING and FAILED
@@ -290,7 +290,7 @@ type CatalogServiceServer interface {
 	// DONE and this one differs), ABORTED (concurrent writes kept winning).
 	PutBuild(context.Context, *PutBuildRequest) (*PutBuildResponse, error)
 	// GetBuild returns the build of a fingerprint. Callers: composer, signer,
-	// operator, builder, node.
+	// operator, builder.
 	// Codes: INVALID_ARGUMENT, NOT_FOUND ("no build of fingerprint <fp>").
 	GetBuild(context.Context, *GetBuildRequest) (*GetBuildResponse, error)
 	// UploadArtifact streams an artifact into the object store `artifacts`.
@@ -319,11 +319,11 @@ type CatalogServiceServer interface {
 	// registrations kept winning; retry).
 	RegisterModule(context.Context, *RegisterModuleRequest) (*RegisterModuleResponse, error)
 	// GetModule returns a module's current registration and its history.
-	// Callers: composer, operator, builder, signer.
+	// Callers: composer, operator, builder.
 	// Codes: INVALID_ARGUMENT, NOT_FOUND ("no registration of module <m>").
 	GetModule(context.Context, *GetModuleRequest) (*GetModuleResponse, error)
 	// ListModules returns every module's current registration, by module.
-	// Callers: composer, operator, builder, signer.
+	// Callers: composer, operator, builder.
 	// Codes: INTERNAL (the catalog-modules bucket cannot be read).
 	ListModules(context.Context, *ListModulesRequest) (*ListModulesResponse, error)
 	// WatchModules streams registrations. Protocol: 1. every current
