@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -87,6 +88,84 @@ func TestStateFailurePolicy(t *testing.T) {
 		}
 		if kept.Wants["web"].Since.IsZero() || time.Since(kept.Wants["web"].Since) > time.Minute {
 			t.Errorf("want since %v", kept.Wants["web"].Since)
+		}
+	})
+	t.Run("unreadable high-water: connects, says why, applies nothing", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		r := w.start(t)
+		m := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "a")))
+		r.waitApplied(t, m)
+		r.stop()
+		db, err := bolt.Open(w.cfg.StateDir+"/engine.db", 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.Update(func(tx *bolt.Tx) error {
+			return tx.Bucket([]byte(state.SectionHighWater)).Put([]byte("marks"), []byte("{garbage"))
+		})
+		db.Close()
+		w.composer.mu.Lock()
+		hellos, reports := len(w.composer.hellos), len(w.composer.reports)
+		w.composer.mu.Unlock()
+		r = w.start(t)
+		w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "changed")))
+		const why = "kept high-water marks unreadable, nothing is applied until it is repaired"
+		a := r.waitAttempt(t, names.NodeModule, stateFailed, composerv1.ReasonCode_REASON_CODE_STATE_UNREADABLE)
+		if !strings.HasPrefix(a.GetReason(), why) {
+			t.Errorf("reason %q, want it to start %q", a.GetReason(), why)
+		}
+		// The composer hears it: the engine said Hello and reports the
+		// reason, although report_seq can no longer be read from the
+		// high-water section.
+		eventually(t, "the composer told why", func() (bool, string) {
+			w.composer.mu.Lock()
+			defer w.composer.mu.Unlock()
+			var sent [][]*composerv1.Have
+			for _, h := range w.composer.hellos[hellos:] {
+				sent = append(sent, h.GetHaves())
+			}
+			for _, r := range w.composer.reports[reports:] {
+				sent = append(sent, r.GetHaves())
+			}
+			for _, haves := range sent {
+				for _, h := range haves {
+					if h.GetModule() == names.NodeModule && strings.HasPrefix(h.GetAttempt().GetReason(), why) {
+						return true, ""
+					}
+				}
+			}
+			return false, fmt.Sprintf("%d hellos and reports since the restart: %v", len(sent), sent)
+		})
+		if got := readFile(t, w.path("/etc/app/a")); got != "a" {
+			t.Errorf("applied with unreadable high-water marks: %q", got)
+		}
+		if s := r.status(t); s.GetStale() != "" || !s.GetConnected() {
+			t.Errorf("status stale %q (not stale: nothing expired), connected %v", s.GetStale(), s.GetConnected())
+		}
+	})
+	t.Run("failed report_seq write: reports go on", func(t *testing.T) {
+		t.Parallel()
+		w := newWorld(t)
+		var faulty *state.Faulty
+		r := w.start(t, options{wrap: func(s state.Store) state.Store { faulty = state.NewFaulty(s); faulty.Fail(state.SectionReport, true); return faulty }})
+		m := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "a")))
+		r.waitApplied(t, m)
+		eventually(t, "applied reported", func() (bool, string) {
+			rep := w.composer.lastReport()
+			return rep.GetApplied().GetDigest() == names.Digest(m.GetPayload()), rep.String()
+		})
+		w.composer.mu.Lock()
+		defer w.composer.mu.Unlock()
+		last := w.composer.hellos[0].GetReportSeq()
+		for _, rep := range w.composer.reports {
+			if rep.GetReportSeq() <= last {
+				t.Errorf("report_seq %d after %d", rep.GetReportSeq(), last)
+			}
+			last = rep.GetReportSeq()
+		}
+		if faulty.Attempts(state.SectionReport) < 2 {
+			t.Errorf("report_seq written %d times", faulty.Attempts(state.SectionReport))
 		}
 	})
 	t.Run("unreadable ledger applies nothing", func(t *testing.T) {

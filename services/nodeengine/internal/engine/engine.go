@@ -114,9 +114,11 @@ type Engine struct {
 	appliedComps map[string]*typev1.Composition
 	appliedErr   error
 	keysetErr    error
-	keptWants    map[string]state.KeptWant
-	keptEntries  map[string]bool
-	pending      *state.Journal // ops ran, commit failed: replayed by the next pass
+	// reportSeq is the last report_seq sent (state.NextReportSeq).
+	reportSeq   uint64
+	keptWants   map[string]state.KeptWant
+	keptEntries map[string]bool
+	pending     *state.Journal // ops ran, commit failed: replayed by the next pass
 	// Writes of entries and wants that failed, retried each pass; said
 	// once per key.
 	dirtyEntries map[string]entries.Row
@@ -139,8 +141,13 @@ type Engine struct {
 	notes      map[string][]string
 	stale      string
 	staleSince time.Time
-	blocked    string
-	passes     uint64
+	// blocked says why nothing is applied (a kept section unreadable);
+	// every report carries it (see publishLocked).
+	blocked string
+	// block is the last pass's reason for applying nothing: blocked, or a
+	// ledger commit that failed; nil when the pass could apply.
+	block  *outcome
+	passes uint64
 
 	// Reports.
 	haves       []*composerv1.Have
@@ -204,6 +211,15 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e.loadKept(kept)
+	for _, sec := range state.Sections() {
+		if kept.Err(sec) != nil && state.PolicyOf(sec) == state.AskAfresh {
+			// Only a cache of what the catalog and composer hold: emptied,
+			// so the next start reads it again instead of failing on it.
+			if err := cfg.Store.Reset(sec); err != nil {
+				e.log.Warn("unreadable section not emptied; it is asked afresh at every start", slog.String("section", string(sec)), slog.Any("error", err))
+			}
+		}
+	}
 	var catalog entries.Catalog = unreachableCatalog{}
 	if cfg.Catalog != nil {
 		catalog = cfg.Catalog
@@ -253,29 +269,32 @@ func (unreachableCatalog) GetEntry(context.Context, *catalogv1.GetEntryRequest, 
 }
 
 func (e *Engine) loadKept(k *state.Kept) {
-	if k.EntriesErr != nil {
-		e.log.Warn("kept entries unreadable: every entry is asked afresh", slog.Any("error", k.EntriesErr))
-	}
-	if k.WantsErr != nil {
-		e.log.Warn("kept wants unreadable: wants come with the next manifest", slog.Any("error", k.WantsErr))
-	}
 	e.keptWants = k.Wants
 	e.hw, e.hwErr = k.HighWater, k.HighWaterErr
 	e.ledger, e.ledgerErr = k.Ledger, k.LedgerErr
 	e.applied, e.appliedErr = k.Applied, k.AppliedErr
 	e.keysetErr = k.KeysetErr
+	e.reportSeq = k.ReportSeq
 	if k.JournalErr != nil && e.ledgerErr == nil {
 		// A journal that cannot be read may hide a half-done apply: the
 		// ledger cannot be trusted until someone looks.
 		e.ledgerErr = fmt.Errorf("apply journal: %w", k.JournalErr)
 	}
-	for _, s := range []struct {
-		name string
-		err  error
-	}{{"high-water marks", e.hwErr}, {"ledger", e.ledgerErr}, {"applied state", e.appliedErr}, {"keyset", e.keysetErr}} {
-		if s.err != nil && e.blocked == "" {
-			e.blocked = fmt.Sprintf("kept %s unreadable, nothing is applied until it is repaired: %v", s.name, s.err)
-			e.log.Error("kept state unreadable: applying nothing", slog.String("section", s.name), slog.Any("error", s.err))
+	for _, sec := range state.Sections() {
+		err := k.Err(sec)
+		if err == nil {
+			continue
+		}
+		switch state.PolicyOf(sec) {
+		case state.AskAfresh:
+			e.log.Warn("kept state unreadable: asked afresh", slog.String("section", string(sec)), slog.Any("error", err))
+		case state.Reseed:
+			e.log.Warn("kept report_seq unreadable: it starts again from the clock", slog.Any("error", err))
+		case state.ApplyNothing:
+			e.log.Error("kept state unreadable: applying nothing", slog.String("section", string(sec)), slog.Any("error", err))
+			if e.blocked == "" {
+				e.blocked = fmt.Sprintf("kept %s unreadable, nothing is applied until it is repaired: %v", sec.Words(), err)
+			}
 		}
 	}
 	for m, env := range e.applied.Compositions {
@@ -435,52 +454,42 @@ func (e *Engine) Changed() <-chan struct{} {
 	return e.changed
 }
 
-// Report returns the current report with a new report_seq, persisted before
-// it is returned so it never goes backwards across restarts, and the version
-// of the haves it carries.
-func (e *Engine) Report() (*composerv1.Report, uint64, error) {
+// Report returns the current report with a new report_seq and the version
+// of the haves it carries. It never fails: report_seq is kept before it is
+// returned when the state allows (state.NextReportSeq keeps it above every
+// one sent before when it does not), so an engine whose kept state is
+// damaged still says why it applies nothing.
+func (e *Engine) Report() (*composerv1.Report, uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	seq, err := e.nextSeqLocked()
-	if err != nil {
-		return nil, 0, err
-	}
 	return &composerv1.Report{
-		ReportSeq: seq, Applied: e.appliedRefLocked(), HighWater: e.hw.Revision,
+		ReportSeq: e.nextSeqLocked(), Applied: e.appliedRefLocked(), HighWater: e.hw.Revision,
 		Haves: cloneHaves(e.haves), Traceparent: e.traceparent, Tracestate: e.tracestate,
-	}, e.reportVer, nil
+	}, e.reportVer
 }
 
 // Hello returns the opening message of a Sync stream, with a new
-// report_seq, and the version of the haves it carries.
-func (e *Engine) Hello() (*composerv1.Hello, uint64, error) {
+// report_seq, and the version of the haves it carries; like Report it never
+// fails.
+func (e *Engine) Hello() (*composerv1.Hello, uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	seq, err := e.nextSeqLocked()
-	if err != nil {
-		return nil, 0, err
-	}
 	var ksv uint64
 	if e.keyring != nil {
 		ksv = e.keyring.Version()
 	}
 	return &composerv1.Hello{
 		Node: e.cfg.Node, EngineVersion: e.cfg.EngineVersion, Applied: e.appliedRefLocked(),
-		HighWater: e.hw.Revision, KeysetVersion: ksv, Haves: cloneHaves(e.haves), ReportSeq: seq,
-	}, e.reportVer, nil
+		HighWater: e.hw.Revision, KeysetVersion: ksv, Haves: cloneHaves(e.haves), ReportSeq: e.nextSeqLocked(),
+	}, e.reportVer
 }
 
-func (e *Engine) nextSeqLocked() (uint64, error) {
-	if e.hwErr != nil {
-		return 0, fmt.Errorf("report_seq cannot be judged: %w", e.hwErr)
-	}
-	hw := e.hw
-	hw.ReportSeq++
-	if err := e.cfg.Store.PutHighWater(hw); err != nil {
-		return 0, err
-	}
-	e.hw = hw
-	return hw.ReportSeq, nil
+// nextSeqLocked takes the next report_seq and keeps it; a failed write is
+// said once and the sequence goes on in memory.
+func (e *Engine) nextSeqLocked() uint64 {
+	e.reportSeq = state.NextReportSeq(e.reportSeq, e.cfg.Now())
+	e.noteWrite("report_seq", e.cfg.Store.PutReportSeq(e.reportSeq))
+	return e.reportSeq
 }
 
 func (e *Engine) appliedRefLocked() *composerv1.ManifestRef {

@@ -207,10 +207,11 @@ func (e *Engine) retryWrites() {
 		}
 	}
 	if len(gone) > 0 {
+		sort.Strings(gone)
 		err := e.cfg.Store.DeleteWants(gone)
-		e.noteWrite("wants deleted", err)
-		if err == nil {
-			for _, m := range gone {
+		for _, m := range gone {
+			e.noteWrite("want "+m, err)
+			if err == nil {
 				delete(e.dirtyWants, m)
 			}
 		}
@@ -333,52 +334,23 @@ func (e *Engine) judgeLocked(env *typev1.Envelope, now time.Time) bool {
 	return false
 }
 
-// keepWantsLocked makes the wants of a verified manifest the kept wants:
-// since kept across changes at one fingerprint, a want rewritten only when
-// it changed, puts before deletes.
+// keepWantsLocked makes the wants of a verified manifest the kept wants
+// (state.PlanWants: since kept across changes at one fingerprint, a want
+// rewritten only when it changed, puts before deletes); a failed write is
+// said once per key and retried by each pass.
 func (e *Engine) keepWantsLocked(wants []*typev1.Want, now time.Time) {
-	next := map[string]state.KeptWant{}
-	for _, w := range wants {
-		if w.GetModule() == names.NodeModule {
-			continue
-		}
-		old, had := e.keptWants[w.GetModule()]
-		since := now
-		if had && old.Want.GetFingerprint() == w.GetFingerprint() && !old.Since.IsZero() {
-			since = old.Since
-		}
-		k := state.KeptWant{Want: w, Since: since}
-		next[w.GetModule()] = k
-		if had && proto.Equal(old.Want, w) && old.Since.Equal(since) && !e.dirtyWants[w.GetModule()] {
-			continue
-		}
-		err := e.cfg.Store.PutWant(w.GetModule(), k)
-		e.noteWrite("want "+w.GetModule(), err)
+	c := state.PlanWants(e.keptWants, wants, now, func(m string) bool { return e.dirtyWants[m] })
+	failed := state.KeepWants(e.cfg.Store, c)
+	for _, m := range append(append([]string{}, c.Put...), c.Delete...) {
+		err := failed[m]
+		e.noteWrite("want "+m, err)
 		if err != nil {
-			e.dirtyWants[w.GetModule()] = true
+			e.dirtyWants[m] = true
 		} else {
-			delete(e.dirtyWants, w.GetModule())
+			delete(e.dirtyWants, m)
 		}
 	}
-	var gone []string
-	for m := range e.keptWants {
-		if _, ok := next[m]; !ok {
-			gone = append(gone, m)
-		}
-	}
-	e.keptWants = next
-	if len(gone) > 0 {
-		sort.Strings(gone)
-		err := e.cfg.Store.DeleteWants(gone)
-		e.noteWrite("wants deleted", err)
-		for _, m := range gone {
-			if err != nil {
-				e.dirtyWants[m] = true
-			} else {
-				delete(e.dirtyWants, m)
-			}
-		}
-	}
+	e.keptWants = c.Next
 }
 
 // need asks for every needed fingerprint (an ask continues the trace of
@@ -531,6 +503,12 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		blocked = "apply done, ledger not committed; retried each pass"
 		code = composerv1.ReasonCode_REASON_CODE_WRITE_FAILED
 	}
+	e.mu.Lock()
+	e.block = nil
+	if blocked != "" {
+		e.block = &outcome{state: stateFailed, code: code, reason: blocked}
+	}
+	e.mu.Unlock()
 	if blocked != "" {
 		for _, w := range wants {
 			out[w.GetModule()] = &outcome{state: stateFailed, code: code, reason: blocked, want: w}
@@ -837,7 +815,9 @@ func (e *Engine) publishLocked(wants []*typev1.Want, outcomes map[string]*outcom
 	for m := range outcomes {
 		modules[m] = true
 	}
-	if e.refused != nil {
+	if e.refused != nil || e.block != nil {
+		// The node's own have carries why nothing is applied, or why the
+		// last manifest was refused, even when no want is kept.
 		modules[names.NodeModule] = true
 	}
 	wantOf := map[string]*typev1.Want{}
@@ -856,6 +836,10 @@ func (e *Engine) publishLocked(wants []*typev1.Want, outcomes map[string]*outcom
 		var a *composerv1.Attempt
 		o := outcomes[m]
 		switch {
+		case e.block != nil && m == names.NodeModule:
+			// Applying nothing is the cause; a refusal it caused (a
+			// manifest that cannot be judged) says less.
+			a = &composerv1.Attempt{State: e.block.state, ReasonCode: e.block.code, Reason: e.block.reason}
 		case e.refused != nil && m == names.NodeModule:
 			a = &composerv1.Attempt{State: stateFailed, ReasonCode: e.refused.code, Reason: e.refused.reason}
 			if e.refused.code == composerv1.ReasonCode_REASON_CODE_EXPIRED {

@@ -62,9 +62,6 @@ func (e *Engine) Status() *nodeenginev1.GetStatusResponse {
 	if s.ConnectionError == "" && !s.Connected {
 		s.ConnectionError = "not connected to a composer yet"
 	}
-	if e.blocked != "" {
-		s.Stale = e.blocked
-	}
 	return s
 }
 

@@ -90,6 +90,22 @@ func (f *Faulty) PutHighWater(hw HighWater) error {
 	return f.Store.PutHighWater(hw)
 }
 
+// PutReportSeq fails when SectionReport fails.
+func (f *Faulty) PutReportSeq(seq uint64) error {
+	if err := f.check(SectionReport); err != nil {
+		return err
+	}
+	return f.Store.PutReportSeq(seq)
+}
+
+// Reset fails when its section fails.
+func (f *Faulty) Reset(s Section) error {
+	if err := f.check(s); err != nil {
+		return err
+	}
+	return f.Store.Reset(s)
+}
+
 // PutKeyset fails when SectionKeyset fails.
 func (f *Faulty) PutKeyset(env *typev1.Envelope) error {
 	if err := f.check(SectionKeyset); err != nil {

@@ -1,13 +1,12 @@
 // Package state keeps the node engine's state in a bbolt file in its state
 // dir (DESIGN.md §7): kept entries and wants, the applied manifest and
-// compositions, the path ledger, the high-water marks, the keyset and the
-// intent journal of an apply in progress.
+// compositions, the path ledger, the high-water marks, the keyset, the
+// intent journal of an apply in progress and the last report_seq sent.
 //
 // Each section is its own bucket and is read whole at start by Load, which
-// reports a section it cannot read instead of failing: the engine's failure
-// policy differs per section (entries and wants are asked afresh; high-water,
-// ledger, applied state and keyset stop applying). The engine uses the store
-// through the Store interface so tests can inject a failure per section.
+// reports a section it cannot read instead of failing: what the engine does
+// then differs per section (see PolicyOf). The engine uses the store through
+// the Store interface so tests can inject a failure per section.
 package state
 
 import (
@@ -38,11 +37,82 @@ const (
 	SectionHighWater Section = "highwater"
 	SectionKeyset    Section = "keyset"
 	SectionJournal   Section = "journal"
+	// SectionReport holds the last report_seq sent. It is not a high-water
+	// mark: losing it costs nothing that the clock cannot give back (see
+	// NextReportSeq), so it never stops the engine from reporting.
+	SectionReport Section = "report"
 )
 
 // Sections lists every section in a fixed order.
 func Sections() []Section {
-	return []Section{SectionEntries, SectionWants, SectionApplied, SectionLedger, SectionHighWater, SectionKeyset, SectionJournal}
+	return []Section{SectionEntries, SectionWants, SectionApplied, SectionLedger, SectionHighWater, SectionKeyset, SectionJournal, SectionReport}
+}
+
+// Words names a section as the engine's messages say it.
+func (s Section) Words() string {
+	switch s {
+	case SectionEntries:
+		return "entries"
+	case SectionWants:
+		return "wants"
+	case SectionApplied:
+		return "applied state"
+	case SectionLedger:
+		return "ledger"
+	case SectionHighWater:
+		return "high-water marks"
+	case SectionKeyset:
+		return "keyset"
+	case SectionJournal:
+		return "apply journal"
+	case SectionReport:
+		return "report sequence"
+	}
+	return string(s)
+}
+
+// Policy is what the engine does with a section Load cannot read
+// (DESIGN.md §7).
+type Policy int
+
+const (
+	// AskAfresh: the section only keeps what the catalog and the composer
+	// hold (entries, wants); it is emptied and its content asked again.
+	AskAfresh Policy = iota + 1
+	// ApplyNothing: without the section revisions, paths or trust cannot
+	// be judged (high-water marks, ledger, applied state, keyset, apply
+	// journal); nothing is applied until it is repaired, and the engine
+	// still connects and says why in every report.
+	ApplyNothing
+	// Reseed: report_seq starts again from the clock (NextReportSeq), above
+	// anything sent before; reports go on.
+	Reseed
+)
+
+// PolicyOf returns the policy of a section.
+func PolicyOf(s Section) Policy {
+	switch s {
+	case SectionEntries, SectionWants:
+		return AskAfresh
+	case SectionReport:
+		return Reseed
+	}
+	return ApplyNothing
+}
+
+// NextReportSeq returns the report_seq to send after last: max(last + 1,
+// the clock in unix milliseconds). The clock term keeps report_seq above
+// every one sent before even when the report section was lost, unreadable
+// or not written (a wiped state dir, a failed write): the composer drops a
+// lower report_seq, so a sequence that restarted at 1 would silence the
+// engine until it caught up. The kept term keeps it monotonic when the
+// clock steps back.
+func NextReportSeq(last uint64, now time.Time) uint64 {
+	seq := last + 1
+	if ms := now.UnixMilli(); ms > 0 && uint64(ms) > seq {
+		seq = uint64(ms)
+	}
+	return seq
 }
 
 // Key prefixes and fixed keys inside the sections.
@@ -55,6 +125,7 @@ const (
 	keyMarks          = "marks"
 	keyCurrent        = "current"
 	keyIntent         = "intent"
+	keySeq            = "seq"
 )
 
 // version is the v field of every record; a record of another version is
@@ -91,8 +162,6 @@ type HighWater struct {
 	// digest (an equal revision with another digest is refused).
 	Revision uint64 `json:"revision"`
 	Digest   string `json:"digest,omitempty"`
-	// ReportSeq is the last report_seq sent on the Sync stream.
-	ReportSeq uint64 `json:"report_seq"`
 }
 
 // Record types of the ledger.
@@ -229,6 +298,32 @@ type Kept struct {
 	KeysetErr    error
 	Journal      *Journal
 	JournalErr   error
+	// ReportSeq is the last report_seq sent on the Sync stream.
+	ReportSeq    uint64
+	ReportSeqErr error
+}
+
+// Err returns the error of a section Load could not read, nil otherwise.
+func (k *Kept) Err(s Section) error {
+	switch s {
+	case SectionEntries:
+		return k.EntriesErr
+	case SectionWants:
+		return k.WantsErr
+	case SectionApplied:
+		return k.AppliedErr
+	case SectionLedger:
+		return k.LedgerErr
+	case SectionHighWater:
+		return k.HighWaterErr
+	case SectionKeyset:
+		return k.KeysetErr
+	case SectionJournal:
+		return k.JournalErr
+	case SectionReport:
+		return k.ReportSeqErr
+	}
+	return nil
 }
 
 // Store is what the engine needs of its state; DB implements it on bbolt
@@ -242,9 +337,13 @@ type Store interface {
 	PutWant(module string, w KeptWant) error
 	DeleteWants(modules []string) error
 	PutHighWater(hw HighWater) error
+	PutReportSeq(seq uint64) error
 	PutKeyset(env *typev1.Envelope) error
 	PutJournal(j *Journal) error
 	Commit(c *Commit) error
+	// Reset empties a section whose policy is AskAfresh, so an unreadable
+	// one heals instead of failing every start.
+	Reset(s Section) error
 	Close() error
 }
 
@@ -300,6 +399,14 @@ type wantRecord struct {
 type marksRecord struct {
 	V int `json:"v"`
 	HighWater
+	// LegacyReportSeq is where report_seq was kept before it had a section
+	// of its own: read as a floor, never written.
+	LegacyReportSeq uint64 `json:"report_seq,omitempty"`
+}
+
+type reportRecord struct {
+	V   int    `json:"v"`
+	Seq uint64 `json:"seq"`
 }
 
 func unreadable(s Section, key string, err error) error {
@@ -405,8 +512,12 @@ func (d *DB) Load() (*Kept, error) {
 				return fmt.Errorf("version %d", r.V)
 			}
 			k.HighWater = r.HighWater
+			k.ReportSeq = max(k.ReportSeq, r.LegacyReportSeq)
 			return nil
 		})
+		if k.HighWaterErr != nil {
+			k.HighWater = HighWater{}
+		}
 		k.KeysetErr = eachKey(tx, SectionKeyset, func(key string, v []byte) error {
 			if key != keyCurrent {
 				return errors.New("unknown key")
@@ -435,6 +546,27 @@ func (d *DB) Load() (*Kept, error) {
 			k.Journal = j
 			return nil
 		})
+		if k.JournalErr != nil {
+			k.Journal = nil
+		}
+		legacy := k.ReportSeq
+		k.ReportSeqErr = eachKey(tx, SectionReport, func(key string, v []byte) error {
+			if key != keySeq {
+				return errors.New("unknown key")
+			}
+			var r reportRecord
+			if err := strictJSON(v, &r); err != nil {
+				return err
+			}
+			if r.V != version {
+				return fmt.Errorf("version %d", r.V)
+			}
+			k.ReportSeq = max(legacy, r.Seq)
+			return nil
+		})
+		if k.ReportSeqErr != nil {
+			k.ReportSeq = legacy
+		}
 		return nil
 	})
 	if err != nil {
@@ -571,6 +703,39 @@ func (d *DB) PutHighWater(hw HighWater) error {
 	}
 	if err := d.put(SectionHighWater, keyMarks, v); err != nil {
 		return fmt.Errorf("persist high-water marks: %w", err)
+	}
+	return nil
+}
+
+// PutReportSeq persists the last report_seq sent.
+func (d *DB) PutReportSeq(seq uint64) error {
+	v, err := json.Marshal(reportRecord{V: version, Seq: seq})
+	if err != nil {
+		return err
+	}
+	if err := d.put(SectionReport, keySeq, v); err != nil {
+		return fmt.Errorf("persist report_seq: %w", err)
+	}
+	return nil
+}
+
+// Reset empties a section whose policy is AskAfresh; any other section is
+// refused (its content cannot be asked for again).
+func (d *DB) Reset(s Section) error {
+	if PolicyOf(s) != AskAfresh {
+		return fmt.Errorf("section %s is not reset: its content cannot be asked for again", s)
+	}
+	err := d.db.Update(func(tx *bolt.Tx) error {
+		if tx.Bucket([]byte(s)) != nil {
+			if err := tx.DeleteBucket([]byte(s)); err != nil {
+				return err
+			}
+		}
+		_, err := tx.CreateBucket([]byte(s))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("reset section %s: %w", s, err)
 	}
 	return nil
 }

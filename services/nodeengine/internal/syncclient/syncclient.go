@@ -32,8 +32,8 @@ const (
 
 // Engine is what the Sync client feeds and reads.
 type Engine interface {
-	Hello() (*composerv1.Hello, uint64, error)
-	Report() (*composerv1.Report, uint64, error)
+	Hello() (*composerv1.Hello, uint64)
+	Report() (*composerv1.Report, uint64)
 	ReportVersion() uint64
 	Changed() <-chan struct{}
 	OfferKeyset(*typev1.Envelope)
@@ -134,10 +134,7 @@ func session(ctx context.Context, cfg Config) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	hello, sent, err := cfg.Engine.Hello()
-	if err != nil {
-		return false, err
-	}
+	hello, sent := cfg.Engine.Hello()
 	if err := st.Send(&composerv1.SyncRequest{Msg: &composerv1.SyncRequest_Hello{Hello: hello}}); err != nil {
 		_, rerr := st.Recv()
 		return false, firstErr(rerr, err)
@@ -167,10 +164,7 @@ func session(ctx context.Context, cfg Config) (bool, error) {
 	for {
 		changed := cfg.Engine.Changed()
 		if cfg.Engine.ReportVersion() != sent {
-			rep, v, err := cfg.Engine.Report()
-			if err != nil {
-				return healthy.Load(), err
-			}
+			rep, v := cfg.Engine.Report()
 			if err := st.Send(&composerv1.SyncRequest{Msg: &composerv1.SyncRequest_Report{Report: rep}}); err != nil {
 				return healthy.Load(), firstErr(<-errc, err)
 			}

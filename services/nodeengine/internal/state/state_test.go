@@ -1,0 +1,357 @@
+package state
+
+import (
+	"errors"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+
+	"mesh.dev/internal/canonical"
+	"mesh.dev/internal/names"
+	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+)
+
+func open(t *testing.T) (*DB, string) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "engine.db")
+	db, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db, p
+}
+
+func entryOf(t *testing.T, module string) *catalogv1.Entry {
+	t.Helper()
+	b, err := canonical.Marshal(&typev1.ModuleManifest{Module: module, Version: "1.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &catalogv1.Entry{Module: module, Repository: "r", Path: module, SourceDigest: names.Digest([]byte(module)), Manifest: b, ManifestDigest: names.Digest(b)}
+	e.Fingerprint = names.ComputeFingerprint(e.Module, e.Repository, e.Path, e.SourceDigest, e.ManifestDigest)
+	return e
+}
+
+func fpOf(c byte) string { return names.FingerprintFromHex(strings.Repeat(string([]byte{c}), 64)) }
+
+// filled writes something into every section.
+func filled(t *testing.T, db *DB) {
+	t.Helper()
+	e := entryOf(t, "web")
+	since := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	must(t, db.PutEntry(e.GetFingerprint(), KeptEntry{Entry: e, Since: since}))
+	must(t, db.PutWant("web", KeptWant{Want: &typev1.Want{Module: "web", Fingerprint: e.GetFingerprint()}, Since: since}))
+	env := &typev1.Envelope{PayloadType: typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, Payload: []byte("m")}
+	must(t, db.Commit(&Commit{
+		LedgerPut:    []*LedgerRecord{{Path: "/etc/app/a", Type: TypeFile, Module: "web", Digest: names.Digest([]byte("a")), Created: true}},
+		Manifest:     env,
+		Compositions: map[string]*typev1.Envelope{"web": {PayloadType: typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, Payload: []byte("c")}},
+	}))
+	must(t, db.PutHighWater(HighWater{Revision: 7, Digest: names.Digest([]byte("m"))}))
+	must(t, db.PutKeyset(&typev1.Envelope{PayloadType: typev1.PayloadType_PAYLOAD_TYPE_KEYSET, Payload: []byte("k")}))
+	must(t, db.PutJournal(&Journal{ID: "j", Revision: 7}))
+	must(t, db.PutReportSeq(42))
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// present reports whether Load read the content filled wrote into s.
+func present(k *Kept, s Section) bool {
+	switch s {
+	case SectionEntries:
+		return len(k.Entries) == 1
+	case SectionWants:
+		return k.Wants["web"].Want != nil
+	case SectionApplied:
+		return k.Applied.Manifest != nil && k.Applied.Compositions["web"] != nil
+	case SectionLedger:
+		return k.Ledger["/etc/app/a"] != nil
+	case SectionHighWater:
+		return k.HighWater.Revision == 7
+	case SectionKeyset:
+		return k.Keyset != nil
+	case SectionJournal:
+		return k.Journal != nil && k.Journal.ID == "j"
+	case SectionReport:
+		return k.ReportSeq == 42
+	}
+	return false
+}
+
+// TestUnreadableSection damages one section at a time: Load reports that
+// section only, naming it and the key, leaves its content empty and reads
+// every other; each section has the policy DESIGN.md §7 gives it, and only
+// a section that is asked afresh can be reset, which heals it.
+func TestUnreadableSection(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		section Section
+		policy  Policy
+	}{
+		{SectionEntries, AskAfresh},
+		{SectionWants, AskAfresh},
+		{SectionApplied, ApplyNothing},
+		{SectionLedger, ApplyNothing},
+		{SectionHighWater, ApplyNothing},
+		{SectionKeyset, ApplyNothing},
+		{SectionJournal, ApplyNothing},
+		{SectionReport, Reseed},
+	}
+	if len(tests) != len(Sections()) {
+		t.Fatalf("%d cases for %d sections", len(tests), len(Sections()))
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.section), func(t *testing.T) {
+			t.Parallel()
+			if got := PolicyOf(tt.section); got != tt.policy {
+				t.Errorf("PolicyOf(%s) = %d, want %d", tt.section, got, tt.policy)
+			}
+			db, _ := open(t)
+			filled(t, db)
+			must(t, db.Bolt().Update(func(tx *bolt.Tx) error {
+				return tx.Bucket([]byte(tt.section)).Put([]byte("zz.damaged"), []byte("{garbage"))
+			}))
+			k, err := db.Load()
+			must(t, err)
+			for _, s := range Sections() {
+				err := k.Err(s)
+				if s != tt.section {
+					if err != nil || !present(k, s) {
+						t.Errorf("section %s with %s damaged: error %v, content read %v", s, tt.section, err, present(k, s))
+					}
+					continue
+				}
+				if !errors.Is(err, ErrUnreadable) || !strings.Contains(err.Error(), string(s)+` key "zz.damaged"`) {
+					t.Errorf("damaged section %s: error %v, want ErrUnreadable naming the section and key", s, err)
+				}
+				if present(k, s) {
+					t.Errorf("damaged section %s: some of its content was kept", s)
+				}
+			}
+
+			err = db.Reset(tt.section)
+			if tt.policy != AskAfresh {
+				if err == nil {
+					t.Fatalf("Reset(%s) emptied a section whose content cannot be asked again", tt.section)
+				}
+				if k, _ := db.Load(); k.Err(tt.section) == nil {
+					t.Errorf("a refused Reset(%s) changed it", tt.section)
+				}
+				return
+			}
+			must(t, err)
+			k, err = db.Load()
+			must(t, err)
+			for _, s := range Sections() {
+				if k.Err(s) != nil || present(k, s) != (s != tt.section) {
+					t.Errorf("after Reset(%s), section %s: error %v, content %v", tt.section, s, k.Err(s), present(k, s))
+				}
+			}
+		})
+	}
+}
+
+// TestReportSeq checks that report_seq has its own section (a high-water
+// section that cannot be read or written does not stop it), that the field
+// high-water records held before is still read as a floor, and that the
+// next report_seq is max(last + 1, the clock in ms).
+func TestReportSeq(t *testing.T) {
+	t.Parallel()
+	t.Run("own section, legacy floor", func(t *testing.T) {
+		t.Parallel()
+		db, _ := open(t)
+		must(t, db.Bolt().Update(func(tx *bolt.Tx) error {
+			return tx.Bucket([]byte(SectionHighWater)).Put([]byte(keyMarks), []byte(`{"v":1,"revision":3,"report_seq":90}`))
+		}))
+		k, err := db.Load()
+		must(t, err)
+		if k.HighWaterErr != nil || k.HighWater.Revision != 3 || k.ReportSeq != 90 {
+			t.Errorf("a high-water record with report_seq: revision %d, report_seq %d, error %v", k.HighWater.Revision, k.ReportSeq, k.HighWaterErr)
+		}
+		must(t, db.PutReportSeq(95))
+		must(t, db.PutHighWater(HighWater{Revision: 4}))
+		k, err = db.Load()
+		must(t, err)
+		if k.ReportSeq != 95 || k.HighWater.Revision != 4 {
+			t.Errorf("report_seq %d, revision %d", k.ReportSeq, k.HighWater.Revision)
+		}
+		must(t, db.Bolt().Update(func(tx *bolt.Tx) error {
+			return tx.Bucket([]byte(SectionHighWater)).Put([]byte(keyMarks), []byte("{garbage"))
+		}))
+		k, err = db.Load()
+		must(t, err)
+		if k.HighWaterErr == nil || k.ReportSeqErr != nil || k.ReportSeq != 95 {
+			t.Errorf("high-water unreadable: report_seq %d (error %v), high-water error %v", k.ReportSeq, k.ReportSeqErr, k.HighWaterErr)
+		}
+	})
+	t.Run("next", func(t *testing.T) {
+		t.Parallel()
+		now := time.UnixMilli(1_700_000_000_000)
+		tests := []struct {
+			name string
+			last uint64
+			now  time.Time
+			want uint64
+		}{
+			{"first ever: the clock", 0, now, 1_700_000_000_000},
+			{"state lost: the clock, above what was sent", 41, now, 1_700_000_000_000},
+			{"faster than the clock: last + 1", 1_700_000_000_000, now, 1_700_000_000_001},
+			{"clock stepped back: last + 1", 1_800_000_000_000, now, 1_800_000_000_001},
+			{"clock before 1970: last + 1", 5, time.Unix(-10, 0), 6},
+		}
+		for _, tt := range tests {
+			if got := NextReportSeq(tt.last, tt.now); got != tt.want {
+				t.Errorf("%s: NextReportSeq(%d) = %d, want %d", tt.name, tt.last, got, tt.want)
+			}
+		}
+	})
+}
+
+// TestPlanWants checks a kept want's since (DESIGN.md §7): when this node
+// first kept a want at that fingerprint, kept across changes at the same
+// fingerprint, reset when it changes; a record rewritten only when the want
+// changed or its last write failed; the node's own want never kept.
+func TestPlanWants(t *testing.T) {
+	t.Parallel()
+	then := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := then.Add(48 * time.Hour)
+	fpA, fpB := fpOf('a'), fpOf('b')
+	want := func(module, fp, digest string) *typev1.Want {
+		return &typev1.Want{Module: module, Fingerprint: fp, CompositionDigest: names.Digest([]byte(digest))}
+	}
+	tests := []struct {
+		name      string
+		kept      map[string]KeptWant
+		wants     []*typev1.Want
+		unwritten []string
+		since     map[string]time.Time
+		put, del  []string
+	}{
+		{
+			name:  "a new want: since now, written",
+			wants: []*typev1.Want{want("web", fpA, "1")},
+			since: map[string]time.Time{"web": now}, put: []string{"web"},
+		},
+		{
+			name:  "unchanged: since kept, not written",
+			kept:  map[string]KeptWant{"web": {Want: want("web", fpA, "1"), Since: then}},
+			wants: []*typev1.Want{want("web", fpA, "1")},
+			since: map[string]time.Time{"web": then},
+		},
+		{
+			name:  "another composition at the same fingerprint: since kept, written",
+			kept:  map[string]KeptWant{"web": {Want: want("web", fpA, "1"), Since: then}},
+			wants: []*typev1.Want{want("web", fpA, "2")},
+			since: map[string]time.Time{"web": then}, put: []string{"web"},
+		},
+		{
+			name:  "another fingerprint: since reset, written",
+			kept:  map[string]KeptWant{"web": {Want: want("web", fpA, "1"), Since: then}},
+			wants: []*typev1.Want{want("web", fpB, "1")},
+			since: map[string]time.Time{"web": now}, put: []string{"web"},
+		},
+		{
+			name:  "kept without a since: since now, written",
+			kept:  map[string]KeptWant{"web": {Want: want("web", fpA, "1")}},
+			wants: []*typev1.Want{want("web", fpA, "1")},
+			since: map[string]time.Time{"web": now}, put: []string{"web"},
+		},
+		{
+			name:      "unchanged but its last write failed: written again",
+			kept:      map[string]KeptWant{"web": {Want: want("web", fpA, "1"), Since: then}},
+			wants:     []*typev1.Want{want("web", fpA, "1")},
+			unwritten: []string{"web"},
+			since:     map[string]time.Time{"web": then}, put: []string{"web"},
+		},
+		{
+			name:  "gone and the node's own: deleted, never kept",
+			kept:  map[string]KeptWant{"db": {Want: want("db", fpA, "1"), Since: then}, "web": {Want: want("web", fpA, "1"), Since: then}},
+			wants: []*typev1.Want{want("web", fpA, "1"), {Module: names.NodeModule, CompositionDigest: names.Digest([]byte("n"))}},
+			since: map[string]time.Time{"web": then}, del: []string{"db"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := PlanWants(tt.kept, tt.wants, now, func(m string) bool { return slices.Contains(tt.unwritten, m) })
+			if len(c.Next) != len(tt.since) {
+				t.Errorf("next wants %v, want modules of %v", c.Next, tt.since)
+			}
+			for m, since := range tt.since {
+				if k := c.Next[m]; !k.Since.Equal(since) || k.Want == nil {
+					t.Errorf("%s: since %v, want %v", m, k.Since, since)
+				}
+			}
+			if !slices.Equal(c.Put, tt.put) || !slices.Equal(c.Delete, tt.del) {
+				t.Errorf("put %v delete %v, want put %v delete %v", c.Put, c.Delete, tt.put, tt.del)
+			}
+		})
+	}
+}
+
+// recording is a Store that logs the writes of wants in order.
+type recording struct {
+	Store
+	ops     []string
+	failPut string
+}
+
+func (r *recording) PutWant(m string, w KeptWant) error {
+	r.ops = append(r.ops, "put "+m)
+	if m == r.failPut {
+		return ErrInjected
+	}
+	return r.Store.PutWant(m, w)
+}
+
+func (r *recording) DeleteWants(ms []string) error {
+	r.ops = append(r.ops, "delete "+strings.Join(ms, ","))
+	return r.Store.DeleteWants(ms)
+}
+
+// TestKeepWantsPutsBeforeDeletes writes every put before the deletes, so a
+// stop in between leaves a superset of the wants; a failed put is returned
+// by module and does not keep the deletes from being written.
+func TestKeepWantsPutsBeforeDeletes(t *testing.T) {
+	t.Parallel()
+	db, _ := open(t)
+	then := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	kept := map[string]KeptWant{}
+	for _, m := range []string{"a", "b"} {
+		kept[m] = KeptWant{Want: &typev1.Want{Module: m, Fingerprint: fpOf('a')}, Since: then}
+		must(t, db.PutWant(m, kept[m]))
+	}
+	rec := &recording{Store: db, failPut: "d"}
+	c := PlanWants(kept, []*typev1.Want{{Module: "c", Fingerprint: fpOf('c')}, {Module: "d", Fingerprint: fpOf('d')}}, then.Add(time.Hour), nil)
+	failed := KeepWants(rec, c)
+	if want := []string{"put c", "put d", "delete a,b"}; !slices.Equal(rec.ops, want) {
+		t.Errorf("writes %v, want %v", rec.ops, want)
+	}
+	if len(failed) != 1 || !errors.Is(failed["d"], ErrInjected) {
+		t.Errorf("failed %v, want d only", failed)
+	}
+	k, err := db.Load()
+	must(t, err)
+	got := slices.Sorted(func(yield func(string) bool) {
+		for m := range k.Wants {
+			if !yield(m) {
+				return
+			}
+		}
+	})
+	if !slices.Equal(got, []string{"c"}) || !proto.Equal(k.Wants["c"].Want, c.Next["c"].Want) {
+		t.Errorf("kept wants %v", got)
+	}
+}
