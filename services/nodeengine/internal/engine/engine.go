@@ -424,25 +424,30 @@ func (e *Engine) noteWrite(key string, err error) {
 }
 
 // EntryAgain drops the kept entry of fp and asks the catalog again; false
-// when fp is neither kept nor in the cache.
+// when fp is neither kept nor in the cache. The kept entry is dropped inside
+// the cache's Again, after an answer in flight is kept or discarded and
+// before the new ask can keep one, so no earlier answer comes back.
 func (e *Engine) EntryAgain(fp string) bool {
 	e.mu.Lock()
 	_, inCache := e.cache.Get(fp)
-	kept := e.keptEntries[fp]
 	_, dirty := e.dirtyEntries[fp]
-	if !inCache && !kept && !dirty {
-		e.mu.Unlock()
+	known := inCache || e.keptEntries[fp] || dirty
+	e.mu.Unlock()
+	if !known {
 		return false
 	}
-	delete(e.dirtyEntries, fp)
-	if kept {
+	e.cache.Again(fp, func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		delete(e.dirtyEntries, fp)
+		if !e.keptEntries[fp] {
+			return
+		}
 		if err := e.cfg.Store.DeleteEntries([]string{fp}); err != nil {
 			e.log.Warn("drop kept entry failed", slog.String("fingerprint", fp), slog.Any("error", err))
 		}
 		delete(e.keptEntries, fp)
-	}
-	e.mu.Unlock()
-	e.cache.Again(fp)
+	})
 	e.Poke()
 	return true
 }

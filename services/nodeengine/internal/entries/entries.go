@@ -92,9 +92,15 @@ type Cache struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu   sync.Mutex
-	rows map[string]*row
-	gen  uint64
+	// keepMu is held by an answer from the check that its row is still
+	// current until the row shows it, across Keep. Release and Again first
+	// make the row not current, then wait for keepMu: once they return, no
+	// answer of the earlier ask is being kept or will be (it would bring
+	// back an entry the engine has just dropped). Order: keepMu, then mu.
+	keepMu sync.Mutex
+	mu     sync.Mutex
+	rows   map[string]*row
+	gen    uint64
 }
 
 // New returns a cache whose asks run until Close.
@@ -165,14 +171,20 @@ func (c *Cache) askLocked(parent trace.SpanContext, fp string) {
 		old.cancel()
 	}
 	c.gen++
+	r := &row{Row: Row{Fingerprint: fp, State: Asked, Since: c.cfg.Now()}, gen: c.gen}
+	c.rows[fp] = r
+	c.startLocked(parent, r)
+}
+
+// startLocked starts the ask of a row; c.mu is held.
+func (c *Cache) startLocked(parent trace.SpanContext, r *row) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	if parent.IsValid() {
 		ctx = trace.ContextWithSpanContext(ctx, parent)
 	}
-	r := &row{Row: Row{Fingerprint: fp, State: Asked, Since: c.cfg.Now()}, gen: c.gen, cancel: cancel}
-	c.rows[fp] = r
+	r.cancel = cancel
 	c.wg.Add(1)
-	go c.ask(ctx, fp, r.gen)
+	go c.ask(ctx, r.Fingerprint, r.gen)
 }
 
 // Get returns the row of fp.
@@ -198,23 +210,51 @@ func (c *Cache) Rows() []Row {
 	return out
 }
 
-// Release forgets fp and stops asking for it.
+// Release forgets fp and stops asking for it. When it returns, no answer
+// of fp is being kept or will be, so the caller may drop the kept entry.
 func (c *Cache) Release(fp string) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r, ok := c.rows[fp]; ok {
+	r, ok := c.rows[fp]
+	if ok {
 		if r.cancel != nil {
 			r.cancel()
 		}
 		delete(c.rows, fp)
 	}
+	c.mu.Unlock()
+	if ok {
+		// Wait out an answer being kept.
+		c.keepMu.Lock()
+		c.keepMu.Unlock()
+	}
 }
 
 // Again drops what the cache holds of fp, in any state, and asks afresh.
-func (c *Cache) Again(fp string) {
+// drop, when set, runs once no answer of an earlier ask can be kept any
+// more and before the new ask can keep one: the engine drops its kept entry
+// there. drop must not call the cache.
+func (c *Cache) Again(fp string, drop func()) {
+	c.mu.Lock()
+	if old, ok := c.rows[fp]; ok && old.cancel != nil {
+		old.cancel()
+	}
+	// A new row of its own generation: an earlier ask's answer is no
+	// longer current. Its ask starts once drop ran.
+	c.gen++
+	gen := c.gen
+	c.rows[fp] = &row{Row: Row{Fingerprint: fp, State: Asked, Since: c.cfg.Now()}, gen: gen}
+	c.mu.Unlock()
+
+	c.keepMu.Lock()
+	defer c.keepMu.Unlock()
+	if drop != nil {
+		drop()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.askLocked(trace.SpanContext{}, fp)
+	if r, ok := c.rows[fp]; ok && r.gen == gen {
+		c.startLocked(trace.SpanContext{}, r)
+	}
 }
 
 // NotFoundMessage is the catalog's exact words for an unknown fingerprint.
@@ -243,17 +283,7 @@ func (c *Cache) ask(ctx context.Context, fp string, gen uint64) {
 			answer = Row{Fingerprint: fp, State: NotFound, Since: c.cfg.Now()}
 		}
 		if answer.State != nodeenginev1.EntryState_ENTRY_STATE_UNSPECIFIED {
-			if answer.State == Answered {
-				c.cfg.Keep(answer)
-			}
-			c.mu.Lock()
-			r, ok := c.rows[fp]
-			if ok && r.gen == gen {
-				r.Row = answer
-				r.cancel = nil
-			}
-			c.mu.Unlock()
-			if ok && r.gen == gen {
+			if c.answer(fp, gen, answer) {
 				log.Debug("entry answered", slog.String("state", answer.State.String()))
 				c.cfg.Poke()
 			}
@@ -274,6 +304,39 @@ func (c *Cache) ask(ctx context.Context, fp string, gen uint64) {
 		case <-t.C:
 		}
 	}
+}
+
+// answer takes the answer of the ask of generation gen when its row is
+// still that ask's: an ANSWERED one is kept first (before the row shows it
+// and before the pass it asks for). It reports whether it was taken.
+func (c *Cache) answer(fp string, gen uint64, answer Row) bool {
+	c.keepMu.Lock()
+	defer c.keepMu.Unlock()
+	if !c.current(fp, gen) {
+		return false
+	}
+	if answer.State == Answered {
+		c.cfg.Keep(answer)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.rows[fp]
+	if !ok || r.gen != gen {
+		// Released or asked again while it was kept: the caller of
+		// Release or Again is waiting for keepMu and drops it after.
+		return false
+	}
+	r.Row = answer
+	r.cancel = nil
+	return true
+}
+
+// current reports whether fp's row is still the one of generation gen.
+func (c *Cache) current(fp string, gen uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.rows[fp]
+	return ok && r.gen == gen
 }
 
 // Backoff returns the jittered exponential delay before retry attempt+1:

@@ -2,6 +2,7 @@ package entries
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -113,7 +114,7 @@ func TestNotFoundOnlyOnCodeAndWords(t *testing.T) {
 					t.Error("NOT_FOUND asked again without Again")
 				}
 				c.set(nil, good)
-				cache.Again(fp)
+				cache.Again(fp, nil)
 				wait(t, "answered after Again", func() bool { r, _ := cache.Get(fp); return r.State == Answered })
 			case "ANSWERED":
 				wait(t, "answered", func() bool { r, _ := cache.Get(fp); return r.State == Answered })
@@ -169,5 +170,113 @@ func TestAskContinuesTheTraceOfTheNeed(t *testing.T) {
 	cache.Need(without.GetFingerprint())
 	if sc := <-c.seen; sc.IsValid() {
 		t.Errorf("GetEntry of a Need without a trace ran in span context %v", sc.TraceID())
+	}
+}
+
+// genOf returns the generation of fp's row.
+func genOf(c *Cache, fp string) (uint64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.rows[fp]
+	if !ok {
+		return 0, false
+	}
+	return r.gen, true
+}
+
+// TestAnswerInFlightNotKeptAfterAgainOrRelease holds an answer inside Keep
+// while Again or Release runs: Again's drop runs only once that keep is
+// done (so the engine's dropped entry stays dropped until the new answer),
+// and Release returns only once it is done, so the kept entry the engine
+// deletes after Release is not written back; the stale answer never shows.
+func TestAnswerInFlightNotKeptAfterAgainOrRelease(t *testing.T) {
+	t.Parallel()
+	for _, op := range []string{"again", "release"} {
+		t.Run(op, func(t *testing.T) {
+			t.Parallel()
+			e := entryOf(t, "web")
+			fp := e.GetFingerprint()
+			var (
+				mu    sync.Mutex
+				log   []string
+				kept  = map[string]bool{}
+				first = true
+			)
+			note := func(s string) {
+				mu.Lock()
+				defer mu.Unlock()
+				log = append(log, s)
+			}
+			keeping, proceed := make(chan struct{}), make(chan struct{})
+			keep := func(r Row) {
+				mu.Lock()
+				wasFirst := first
+				first = false
+				mu.Unlock()
+				if wasFirst {
+					close(keeping)
+					<-proceed
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				log = append(log, "keep")
+				kept[r.Fingerprint] = true
+			}
+			cache := New(Config{Catalog: &catalog{entry: e}, Keep: keep})
+			defer cache.Close()
+			cache.Need(fp)
+			<-keeping
+			gen, _ := genOf(cache, fp)
+			done := make(chan struct{})
+			switch op {
+			case "again":
+				go func() {
+					defer close(done)
+					cache.Again(fp, func() {
+						mu.Lock()
+						defer mu.Unlock()
+						log = append(log, "drop")
+						delete(kept, fp)
+					})
+				}()
+				wait(t, "Again started", func() bool { g, ok := genOf(cache, fp); return ok && g != gen })
+			case "release":
+				go func() {
+					defer close(done)
+					cache.Release(fp)
+					note("released")
+					// The engine deletes the kept entries of released rows.
+					mu.Lock()
+					delete(kept, fp)
+					mu.Unlock()
+				}()
+				wait(t, "Release started", func() bool { _, ok := genOf(cache, fp); return !ok })
+				select {
+				case <-done:
+					t.Error("Release returned while an answer of fp was being kept")
+				default:
+				}
+			}
+			close(proceed)
+			<-done
+			switch op {
+			case "again":
+				wait(t, "answered again", func() bool { r, _ := cache.Get(fp); return r.State == Answered })
+				mu.Lock()
+				defer mu.Unlock()
+				if want := []string{"keep", "drop", "keep"}; !slices.Equal(log, want) || !kept[fp] {
+					t.Errorf("events %v (kept %v), want %v: the drop must follow the keep in flight", log, kept[fp], want)
+				}
+			case "release":
+				mu.Lock()
+				defer mu.Unlock()
+				if want := []string{"keep", "released"}; !slices.Equal(log, want) || kept[fp] {
+					t.Errorf("events %v (kept %v), want %v and nothing kept", log, kept[fp], want)
+				}
+				if _, ok := cache.Get(fp); ok {
+					t.Error("the released row came back with the answer in flight")
+				}
+			}
+		})
 	}
 }
