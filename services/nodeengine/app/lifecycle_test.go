@@ -127,11 +127,21 @@ func TestApplyLifecycle(t *testing.T) {
 	if got := readFile(t, w.path("/etc/app/adopted")); got != "prior" {
 		t.Errorf("adopted path restored to %q", got)
 	}
-	// Reports carry report_seq increasing and the manifest's trace.
-	rep := w.composer.lastReport()
-	if rep == nil || rep.GetApplied().GetRevision() != 3 || !strings.HasPrefix(rep.GetTraceparent(), "00-4bf92f3577b34da6a3ce929d0e0e4736-") {
-		t.Errorf("last report %v", rep)
+	// Reports carry the manifest's trace (the report follows the status
+	// the engine serves: wait for it).
+	eventually(t, "revision 3 reported with its trace", func() (bool, string) {
+		rep := w.composer.lastReport()
+		return rep.GetApplied().GetRevision() == 3 && strings.HasPrefix(rep.GetTraceparent(), "00-4bf92f3577b34da6a3ce929d0e0e4736-"), rep.String()
+	})
+	w.composer.mu.Lock()
+	var last uint64
+	for _, rep := range w.composer.reports {
+		if rep.GetReportSeq() <= last {
+			t.Errorf("report_seq %d after %d", rep.GetReportSeq(), last)
+		}
+		last = rep.GetReportSeq()
 	}
+	w.composer.mu.Unlock()
 }
 
 // TestRevisionsNeverGoBack refuses an older manifest and an equal revision
