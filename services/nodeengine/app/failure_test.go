@@ -148,7 +148,11 @@ func TestStateFailurePolicy(t *testing.T) {
 		t.Parallel()
 		w := newWorld(t)
 		var faulty *state.Faulty
-		r := w.start(t, options{wrap: func(s state.Store) state.Store { faulty = state.NewFaulty(s); faulty.Fail(state.SectionReport, true); return faulty }})
+		r := w.start(t, options{wrap: func(s state.Store) state.Store {
+			faulty = state.NewFaulty(s)
+			faulty.Fail(state.SectionReport, true)
+			return faulty
+		}})
 		m := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "a")))
 		r.waitApplied(t, m)
 		eventually(t, "applied reported", func() (bool, string) {

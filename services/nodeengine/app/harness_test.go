@@ -196,12 +196,13 @@ type fakeCatalog struct {
 	entries   map[string]*catalogv1.Entry
 	artifacts map[string][]byte
 	asked     map[string]int
+	downloads map[string]int
 	// fail, when set, answers every GetEntry with it.
 	fail error
 }
 
 func newFakeCatalog() *fakeCatalog {
-	return &fakeCatalog{entries: map[string]*catalogv1.Entry{}, artifacts: map[string][]byte{}, asked: map[string]int{}}
+	return &fakeCatalog{entries: map[string]*catalogv1.Entry{}, artifacts: map[string][]byte{}, asked: map[string]int{}, downloads: map[string]int{}}
 }
 
 func (c *fakeCatalog) GetEntry(_ context.Context, req *catalogv1.GetEntryRequest) (*catalogv1.GetEntryResponse, error) {
@@ -226,6 +227,7 @@ func (c *fakeCatalog) timesAsked(fp string) int {
 
 func (c *fakeCatalog) DownloadArtifact(req *catalogv1.DownloadArtifactRequest, st grpc.ServerStreamingServer[catalogv1.DownloadArtifactResponse]) error {
 	c.mu.Lock()
+	c.downloads[req.GetDigest()]++
 	b, ok := c.artifacts[req.GetDigest()]
 	c.mu.Unlock()
 	if !ok {

@@ -74,7 +74,8 @@ type Composition struct {
 	Comp   *typev1.Composition
 	// Env is the signed envelope, recorded as applied once its ops are done.
 	Env *typev1.Envelope
-	// Parts are the want's artifact parts by ref.
+	// Parts are the artifacts of the want's build record by ref (the
+	// entry's declarations with the want's digests).
 	Parts map[string]*typev1.Artifact
 }
 
@@ -259,7 +260,7 @@ func contentDigest(c *Composition, r *typev1.Resource) (string, int64, *Failure)
 	case *typev1.Resource_Artifact:
 		p, ok := c.Parts[x.Artifact]
 		if !ok || !names.ValidDigest(p.GetDigest()) {
-			return "", 0, fail(codePartMissing, "%s: the want gives no digest for artifact %s", r.GetId(), x.Artifact)
+			return "", 0, fail(codePartMissing, "%s: artifact %s is not in the build record (the entry's artifacts with the want's digests)", r.GetId(), x.Artifact)
 		}
 		return p.GetDigest(), p.GetSize(), nil
 	}

@@ -536,7 +536,7 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 				}
 				continue
 			}
-			fetched[m] = &apply.Composition{Module: m, Key: w.GetCompositionKey(), Comp: v.comp, Env: v.env, Parts: partsOf(w.GetParts())}
+			fetched[m] = &apply.Composition{Module: m, Key: w.GetCompositionKey(), Comp: v.comp, Env: v.env, Parts: e.partsWanted(w)}
 		}
 		conflicts := PathConflicts(fetched)
 		for m, c := range fetched {
@@ -736,10 +736,22 @@ func (e *Engine) partsApplied(c *typev1.Composition) map[string]*typev1.Artifact
 	return out
 }
 
-func partsOf(parts []*typev1.Artifact) map[string]*typev1.Artifact {
+// partsWanted returns the artifact parts a want's composition is written
+// with: its build record, made from the entry's artifact declarations and
+// the want's parts only (DESIGN.md §7), so a part the entry does not
+// declare is never fetched. A module whose entry is not held has none (it
+// is held anyway); the node's own want has no entry and no parts.
+func (e *Engine) partsWanted(w *typev1.Want) map[string]*typev1.Artifact {
 	out := map[string]*typev1.Artifact{}
-	for _, p := range parts {
-		out[p.GetRef()] = p
+	if w.GetModule() == names.NodeModule {
+		return out
+	}
+	r, ok := e.lookupEntry(w.GetFingerprint())
+	if !ok || r.State != nodeenginev1.EntryState_ENTRY_STATE_ANSWERED {
+		return out
+	}
+	for _, a := range picture.Build(r.Entry, w).Artifacts {
+		out[a.Ref] = &typev1.Artifact{Ref: a.Ref, Digest: a.Digest, Size: a.Size}
 	}
 	return out
 }
