@@ -4,7 +4,7 @@
 // the engine, and sends a Report whenever the engine's haves change. A
 // broken stream is opened again after a backoff of 1 s doubling to 5 min
 // with full jitter, or after the delay of a RetryInfo detail in an
-// UNAVAILABLE status.
+// UNAVAILABLE status (bounded by the same 5 min).
 package syncclient
 
 import (
@@ -54,6 +54,11 @@ type Config struct {
 	Engine                  Engine
 	BackoffBase, BackoffMax time.Duration
 	Logger                  *slog.Logger
+	// RandN returns a uniform number in [0, n) for the jitter;
+	// rand.Int64N when nil.
+	RandN func(n int64) int64
+	// After is the clock the backoff waits on; time.After when nil.
+	After func(d time.Duration) <-chan time.Time
 }
 
 // Run keeps a Sync stream open until ctx is done.
@@ -67,6 +72,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.RandN == nil {
+		cfg.RandN = rand.Int64N
+	}
+	if cfg.After == nil {
+		cfg.After = time.After
+	}
 	attempt := 0
 	for {
 		healthy, err := session(ctx, cfg)
@@ -78,25 +89,33 @@ func Run(ctx context.Context, cfg Config) error {
 		if healthy {
 			attempt = 0
 		}
-		delay, honoured := RetryAfter(err)
-		if !honoured {
-			delay = FullJitter(attempt, cfg.BackoffBase, cfg.BackoffMax)
-		}
+		delay := Delay(err, attempt, cfg.BackoffBase, cfg.BackoffMax, cfg.RandN)
+		_, honoured := RetryAfter(err)
 		attempt++
 		cfg.Logger.Warn("sync stream ended; opening it again", slog.Any("error", err), slog.Duration("retry_in", delay), slog.Bool("retry_info", honoured))
-		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			cfg.Engine.SetConnection(false, errors.New("stopped"))
 			return nil
-		case <-t.C:
+		case <-cfg.After(delay):
 		}
 	}
 }
 
-// FullJitter returns a delay uniformly between 0 and min(max, base·2^attempt).
-func FullJitter(attempt int, base, max time.Duration) time.Duration {
+// Delay returns how long to wait before opening the stream again after err
+// ended attempt (0 for the first since the composer last sent anything): the
+// delay of a RetryInfo the composer sent, else full jitter; never more than
+// max, whatever the composer says.
+func Delay(err error, attempt int, base, max time.Duration, randN func(int64) int64) time.Duration {
+	if d, ok := RetryAfter(err); ok {
+		return min(d, max)
+	}
+	return FullJitter(attempt, base, max, randN)
+}
+
+// FullJitter returns a delay uniformly between 0 and min(max,
+// base·2^attempt), randN giving a number in [0, n).
+func FullJitter(attempt int, base, max time.Duration, randN func(int64) int64) time.Duration {
 	d := base
 	for i := 0; i < attempt && d < max; i++ {
 		d *= 2
@@ -104,7 +123,7 @@ func FullJitter(attempt int, base, max time.Duration) time.Duration {
 	if d > max {
 		d = max
 	}
-	return rand.N(d + 1)
+	return time.Duration(randN(int64(d) + 1))
 }
 
 // RetryAfter returns the delay of a RetryInfo detail in an UNAVAILABLE
