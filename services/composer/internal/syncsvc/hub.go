@@ -19,12 +19,28 @@ import (
 	"mesh.dev/internal/natsx"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
+	"mesh.dev/services/composer/internal/pass"
 	"mesh.dev/services/composer/internal/store"
 )
 
 // MaxLag is how far the assignments watch may fall behind the stream before
 // this replica reports NOT_SERVING and ends its streams.
 const MaxLag = 10 * time.Second
+
+// TouchEvery is how often the replica serving a node's stream rewrites the
+// node's haves record unchanged (DESIGN.md §6 step 4: last-seen is kept in
+// memory and persisted at most every 5 min). Every replica watches the
+// haves, so a write is how an engine streaming to one replica is heard alive
+// by the others, and by the lease holder that writes its status.
+const TouchEvery = pass.LastSeenEvery
+
+// Liveness is how long a node's engine may go unheard on every replica
+// before the modules it runs count as stopped in Heard: two touch periods
+// and a minute, so one touch late or lost does not stop a node.
+const Liveness = 2*TouchEvery + time.Minute
+
+// touchRetry bounds how often a failed touch is tried again.
+const touchRetry = 30 * time.Second
 
 // held is what the hub keeps of one node's assignment.
 type held struct {
@@ -61,20 +77,36 @@ type Hub struct {
 	store *store.Store
 	log   *slog.Logger
 
+	// now is the hub's clock (tests replace it).
+	now func() time.Time
+
 	mu          sync.Mutex
 	assignments map[string]*held
 	haves       map[string]*composerv1.HaveRecord
-	// running maps a module to the nodes whose assignment wants it.
-	running  map[string]map[string]string
+	// running maps a module to the nodes whose assignment wants it, with
+	// the fingerprint wanted.
+	running map[string]map[string]string
+	// applied maps a module to the nodes whose haves report it applied,
+	// with the fingerprint applied: what they run.
+	applied  map[string]map[string]string
 	seenRev  uint64
 	caughtUp bool
 	healthy  bool
 	// behindSince is when the watch was first seen behind the stream.
 	behindSince time.Time
 	subs        map[string]map[*sub]struct{}
-	lastSeen    map[string]time.Time
-	unhealthy   chan struct{}
-	onHealth    func(bool)
+	// lastSeen is when a stream of the node on this replica was last
+	// heard; haveAt when its haves record was last written, by any
+	// replica (the time this hub saw the write, or the server's time of
+	// the write for a record that was there when the watch started).
+	lastSeen map[string]time.Time
+	haveAt   map[string]time.Time
+	// live is the liveness each node was last judged with, so a node
+	// whose engine goes unheard wakes the streams that hear it.
+	live       map[string]bool
+	touchTried map[string]time.Time
+	unhealthy  chan struct{}
+	onHealth   func(bool)
 }
 
 // OnHealth registers f, called with the replica's health each time it
@@ -90,18 +122,20 @@ func NewHub(st *store.Store, log *slog.Logger) *Hub {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Hub{store: st, log: log, assignments: map[string]*held{}, haves: map[string]*composerv1.HaveRecord{},
-		running: map[string]map[string]string{}, subs: map[string]map[*sub]struct{}{}, lastSeen: map[string]time.Time{},
+	return &Hub{store: st, log: log, now: time.Now, assignments: map[string]*held{}, haves: map[string]*composerv1.HaveRecord{},
+		running: map[string]map[string]string{}, applied: map[string]map[string]string{}, subs: map[string]map[*sub]struct{}{},
+		lastSeen: map[string]time.Time{}, haveAt: map[string]time.Time{}, live: map[string]bool{}, touchTried: map[string]time.Time{},
 		unhealthy: make(chan struct{})}
 }
 
 // Run watches until ctx is done; the watch breaking ends Run with an error
 // (the supervisor then restarts the process's loops).
 func (h *Hub) Run(ctx context.Context) error {
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- h.watchAssignments(ctx) }()
 	go func() { errc <- h.watchHaves(ctx) }()
 	go func() { errc <- h.checkLag(ctx) }()
+	go func() { errc <- h.sweepLiveness(ctx) }()
 	err := <-errc
 	h.setHealthy(false)
 	return err
@@ -190,6 +224,7 @@ func (h *Hub) watchAssignments(ctx context.Context) error {
 			mark(s.manifest)
 		}
 		h.notifyHeardLocked(e.Key, changed)
+		h.judgeLiveLocked(e.Key, h.now())
 		h.mu.Unlock()
 	}
 	if ctx.Err() != nil {
@@ -204,33 +239,179 @@ func (h *Hub) watchHaves(ctx context.Context) error {
 		return err
 	}
 	defer w.Stop()
+	initial := true
 	for e := range w.Updates() {
 		if e == nil {
+			initial = false
 			continue
 		}
 		h.mu.Lock()
-		changed := map[string]bool{}
-		for _, hv := range h.haves[e.Key].GetHaves() {
-			changed[hv.GetModule()] = true
-		}
+		old := appliedOf(h.haves[e.Key])
+		next := map[string]string{}
 		if e.Op != jetstream.KeyValuePut {
 			delete(h.haves, e.Key)
+			delete(h.haveAt, e.Key)
 		} else {
 			rec := &composerv1.HaveRecord{}
 			if proto.Unmarshal(e.Value, rec) == nil {
 				h.haves[e.Key] = rec
-				for _, hv := range rec.GetHaves() {
-					changed[hv.GetModule()] = true
+				next = appliedOf(rec)
+			}
+			// A write seen live counts from when it was seen, so a
+			// clock skew between this host and the server does not
+			// shorten or stretch liveness; a record that was there
+			// before the watch started has only the server's time.
+			at := h.now()
+			if initial {
+				at = e.Created
+			}
+			h.haveAt[e.Key] = at
+		}
+		// Only what a node runs is heard: attempts change no Heard.
+		changed := map[string]bool{}
+		for m, fp := range old {
+			if next[m] != fp {
+				changed[m] = true
+				delete(h.applied[m], e.Key)
+			}
+		}
+		for m, fp := range next {
+			if old[m] != fp {
+				changed[m] = true
+				if h.applied[m] == nil {
+					h.applied[m] = map[string]string{}
 				}
+				h.applied[m][e.Key] = fp
 			}
 		}
 		h.notifyHeardLocked(e.Key, changed)
+		h.judgeLiveLocked(e.Key, h.now())
 		h.mu.Unlock()
 	}
 	if ctx.Err() != nil {
 		return nil
 	}
 	return errors.Join(errors.New("haves watch ended"), w.Err())
+}
+
+// appliedOf returns the fingerprint each module of a record is applied at.
+func appliedOf(rec *composerv1.HaveRecord) map[string]string {
+	out := map[string]string{}
+	for _, hv := range rec.GetHaves() {
+		if fp := hv.GetApplied().GetFingerprint(); fp != "" {
+			out[hv.GetModule()] = fp
+		}
+	}
+	return out
+}
+
+// lastHeardLocked is when node's engine was last heard by any replica: now
+// while it streams here, else the later of its last stream here and the
+// last write of its haves record.
+func (h *Hub) lastHeardLocked(node string, now time.Time) time.Time {
+	if len(h.subs[node]) > 0 {
+		return now
+	}
+	last := h.lastSeen[node]
+	if at := h.haveAt[node]; at.After(last) {
+		last = at
+	}
+	return last
+}
+
+func (h *Hub) liveLocked(node string, now time.Time) bool {
+	last := h.lastHeardLocked(node, now)
+	return !last.IsZero() && now.Sub(last) <= Liveness
+}
+
+// modulesOfLocked lists the modules a node runs or is assigned.
+func (h *Hub) modulesOfLocked(node string) map[string]bool {
+	out := map[string]bool{}
+	if a := h.assignments[node]; a != nil {
+		for _, w := range a.wants {
+			out[w.GetModule()] = true
+		}
+	}
+	for m := range appliedOf(h.haves[node]) {
+		out[m] = true
+	}
+	return out
+}
+
+// judgeLiveLocked judges a node's liveness and, when it changed, wakes the
+// streams that hear its modules.
+func (h *Hub) judgeLiveLocked(node string, now time.Time) {
+	live := h.liveLocked(node, now)
+	if was, ok := h.live[node]; ok && was == live {
+		return
+	}
+	h.live[node] = live
+	h.notifyHeardLocked(node, h.modulesOfLocked(node))
+}
+
+// sweepLiveness judges every node's liveness every few seconds: an engine
+// going unheard is a change of time, not of any record.
+func (h *Hub) sweepLiveness(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		h.sweep(h.now())
+	}
+}
+
+// sweep judges the liveness of every node known at now.
+func (h *Hub) sweep(now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	nodes := map[string]bool{}
+	for n := range h.assignments {
+		nodes[n] = true
+	}
+	for n := range h.haves {
+		nodes[n] = true
+	}
+	for n := range h.live {
+		if !nodes[n] {
+			delete(h.live, n)
+		}
+	}
+	for n := range nodes {
+		h.judgeLiveLocked(n, now)
+	}
+}
+
+// touch rewrites a node's haves record unchanged when it was last written
+// TouchEvery ago or more, so every replica hears the engine streaming here
+// (see TouchEvery). A conflict means another write came first: the node is
+// heard anyway.
+func (h *Hub) touch(ctx context.Context, node string) error {
+	now := h.now()
+	h.mu.Lock()
+	at, ok := h.haveAt[node]
+	due := ok && now.Sub(at) >= TouchEvery && now.Sub(h.touchTried[node]) >= touchRetry
+	if due {
+		h.touchTried[node] = now
+	}
+	h.mu.Unlock()
+	if !due {
+		return nil
+	}
+	e, err := h.store.Haves.Get(ctx, node)
+	if errors.Is(err, natsx.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := h.store.Haves.Update(ctx, node, e.Value, e.Revision); err != nil && !errors.Is(err, natsx.ErrConflict) {
+		return err
+	}
+	return nil
 }
 
 // checkLag compares the watch's position with the stream's: a watch more
@@ -244,24 +425,30 @@ func (h *Hub) checkLag(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		last, err := h.store.Assignments.LastSequence(ctx)
-		now := time.Now()
-		h.mu.Lock()
-		behind := err != nil || !h.caughtUp || last > h.seenRev
-		if !behind {
-			h.behindSince = time.Time{}
-		} else if h.behindSince.IsZero() {
-			h.behindSince = now
-		}
-		lagging := behind && now.Sub(h.behindSince) > MaxLag
-		caughtUp := h.caughtUp
-		h.mu.Unlock()
-		switch {
-		case lagging:
-			h.setHealthy(false)
-		case caughtUp && !behind:
-			h.setHealthy(true)
-		}
+		h.judgeLag(ctx, h.now())
+	}
+}
+
+// judgeLag judges the watch at now: behind the assignments stream (or not
+// caught up, or the stream unreadable) for more than MaxLag, the replica is
+// unhealthy and its streams end; caught up again, it serves.
+func (h *Hub) judgeLag(ctx context.Context, now time.Time) {
+	last, err := h.store.Assignments.LastSequence(ctx)
+	h.mu.Lock()
+	behind := err != nil || !h.caughtUp || last > h.seenRev
+	if !behind {
+		h.behindSince = time.Time{}
+	} else if h.behindSince.IsZero() {
+		h.behindSince = now
+	}
+	lagging := behind && now.Sub(h.behindSince) > MaxLag
+	caughtUp := h.caughtUp
+	h.mu.Unlock()
+	switch {
+	case lagging:
+		h.setHealthy(false)
+	case caughtUp && !behind:
+		h.setHealthy(true)
 	}
 }
 
@@ -334,7 +521,8 @@ func (h *Hub) subscribe(node string) *sub {
 		h.subs[node] = map[*sub]struct{}{}
 	}
 	h.subs[node][s] = struct{}{}
-	h.lastSeen[node] = time.Now()
+	h.lastSeen[node] = h.now()
+	h.judgeLiveLocked(node, h.now())
 	return s
 }
 
@@ -345,7 +533,7 @@ func (h *Hub) unsubscribe(s *sub) {
 	if len(h.subs[s.node]) == 0 {
 		delete(h.subs, s.node)
 	}
-	h.lastSeen[s.node] = time.Now()
+	h.lastSeen[s.node] = h.now()
 }
 
 // Streams returns how many streams are open.
@@ -361,18 +549,18 @@ func (h *Hub) Streams() int {
 
 func (h *Hub) seen(node string) {
 	h.mu.Lock()
-	h.lastSeen[node] = time.Now()
+	h.lastSeen[node] = h.now()
 	h.mu.Unlock()
 }
 
-// LastSeen tells when a node's engine was last heard on this replica.
+// LastSeen tells when a node's engine was last heard by any replica: now
+// while it streams here, else the later of its last stream here and the
+// last write of its haves record (which the replica serving it touches
+// every TouchEvery). The lease holder persists it in the node's status.
 func (h *Hub) LastSeen(node string) time.Time {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.subs[node]) > 0 {
-		return time.Now()
-	}
-	return h.lastSeen[node]
+	return h.lastHeardLocked(node, h.now())
 }
 
 // assignment returns a node's latest assignment as the watch holds it.
@@ -382,73 +570,107 @@ func (h *Hub) assignment(node string) *held {
 	return h.assignments[node]
 }
 
-// liveness is how long an engine may go unheard before the nodes it runs
-// count as stopped in Heard.
-const liveness = 5 * time.Minute
+// defaultCap is a need's cap when it sets none.
+const defaultCap = 16
 
-// heard lists, for each module the node's wanted modules need, the nodes
-// running it: bounded by the need's selector and cap, sorted by node.
+// heard lists, for each module the node's wanted modules need, the other
+// nodes that run it or are assigned it: each at the fingerprint it runs
+// (its applied one, whatever its last attempt at a newer one), or at the
+// one it is assigned when it runs none; stopped when it runs none or its
+// engine has not been heard by any replica within Liveness. Each need of
+// the module selects by its selector, running nodes first, then by name,
+// up to its cap; a module two needs name lists the nodes either selects.
+// Sorted by module, then node.
 func (h *Hub) heard(node string, needs []*typev1.Need, labelsOf func(string) map[string]string) *composerv1.Heard {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := &composerv1.Heard{}
-	seen := map[string]bool{}
+	now := h.now()
+	byModule := map[string][]*typev1.Need{}
 	for _, need := range needs {
-		if seen[need.GetModule()] {
-			continue
+		byModule[need.GetModule()] = append(byModule[need.GetModule()], need)
+	}
+	modules := make([]string, 0, len(byModule))
+	for m := range byModule {
+		modules = append(modules, m)
+	}
+	sort.Strings(modules)
+	out := &composerv1.Heard{}
+	for _, m := range modules {
+		cands := h.candidatesLocked(m, node, now)
+		labels := make([]map[string]string, len(cands))
+		for i, c := range cands {
+			labels[i] = labelsOf(c.GetNode())
 		}
-		seen[need.GetModule()] = true
-		capN := int(need.GetCap())
-		if capN == 0 {
-			capN = 16
-		}
-		hm := &composerv1.HeardModule{Module: need.GetModule()}
-		var nodes []string
-		for n := range h.running[need.GetModule()] {
-			if n == node {
-				continue
-			}
-			ok := true
-			labels := labelsOf(n)
-			for k, v := range need.GetSelector().GetMatchLabels() {
-				if labels[k] != v {
-					ok = false
-					break
+		chosen := map[string]*composerv1.HeardNode{}
+		for _, need := range byModule[m] {
+			var sel []*composerv1.HeardNode
+			for i, c := range cands {
+				if selects(need.GetSelector(), labels[i]) {
+					sel = append(sel, c)
 				}
 			}
-			if ok {
-				nodes = append(nodes, n)
+			// Running nodes take the cap's places first: a stopped node
+			// that sorts first must not crowd out one that runs.
+			sort.SliceStable(sel, func(i, j int) bool { return !sel[i].GetStopped() && sel[j].GetStopped() })
+			capN := int(need.GetCap())
+			if capN == 0 {
+				capN = defaultCap
+			}
+			for _, c := range sel[:min(capN, len(sel))] {
+				chosen[c.GetNode()] = c
 			}
 		}
-		sort.Strings(nodes)
-		if len(nodes) > capN {
-			nodes = nodes[:capN]
-		}
-		for _, n := range nodes {
-			fp := h.running[need.GetModule()][n]
-			stopped := true
-			for _, hv := range h.haves[n].GetHaves() {
-				if hv.GetModule() == need.GetModule() && hv.GetApplied().GetFingerprint() != "" &&
-					hv.GetAttempt().GetState() == composerv1.AttemptState_ATTEMPT_STATE_APPLIED {
-					stopped = false
-					fp = hv.GetApplied().GetFingerprint()
-				}
+		hm := &composerv1.HeardModule{Module: m}
+		for _, c := range cands {
+			if n, ok := chosen[c.GetNode()]; ok {
+				hm.Nodes = append(hm.Nodes, n)
 			}
-			last := h.lastSeen[n]
-			if len(h.subs[n]) == 0 && (last.IsZero() || time.Since(last) > liveness) {
-				stopped = true
-			}
-			hm.Nodes = append(hm.Nodes, &composerv1.HeardNode{Node: n, Fingerprint: fp, Stopped: stopped})
 		}
 		out.Modules = append(out.Modules, hm)
 	}
-	sort.Slice(out.Modules, func(i, j int) bool { return out.Modules[i].GetModule() < out.Modules[j].GetModule() })
 	return out
 }
 
-// writeHaves keeps one record per node in bucket haves: a report whose
-// report_seq is not above the held one is dropped, and a record with the
-// same content is not written again. CAS, retried on conflict.
+// candidatesLocked returns every node other than self that runs module m
+// or is assigned it, by name, with what Heard says of it.
+func (h *Hub) candidatesLocked(m, self string, now time.Time) []*composerv1.HeardNode {
+	nodes := map[string]bool{}
+	for n := range h.running[m] {
+		nodes[n] = true
+	}
+	for n := range h.applied[m] {
+		nodes[n] = true
+	}
+	delete(nodes, self)
+	out := make([]*composerv1.HeardNode, 0, len(nodes))
+	for n := range nodes {
+		fp, runs := h.applied[m][n]
+		if !runs {
+			fp = h.running[m][n]
+		}
+		out = append(out, &composerv1.HeardNode{Node: n, Fingerprint: fp, Stopped: !runs || !h.liveLocked(n, now)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GetNode() < out[j].GetNode() })
+	return out
+}
+
+// selects reports whether a label selector selects a node's labels (an
+// empty selector selects every node).
+func selects(s *typev1.LabelSelector, labels map[string]string) bool {
+	for k, v := range s.GetMatchLabels() {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// writeHaves keeps one record per node in bucket haves (DESIGN.md §6 step
+// 3): a report whose report_seq is below the held one is dropped; one at or
+// above it is written when its content differs (an equal report_seq comes
+// only from an engine whose sequence was reset, and its report is the
+// newest that engine has). A record with the same content is not written
+// again. CAS, retried on conflict.
 func (h *Hub) writeHaves(ctx context.Context, rec *composerv1.HaveRecord) error {
 	for attempt := 0; attempt < 5; attempt++ {
 		cur, rev, err := h.store.Have(ctx, rec.GetNode())

@@ -289,6 +289,10 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 		case <-sub.heard:
 			heardDirty = true
 		case <-heardTick.C:
+			// Other replicas hear this engine through its haves record.
+			if err := hub.touch(ctx, node); err != nil && ctx.Err() == nil {
+				s.cfg.Logger.Warn("sync: touch haves", "node", node, "error", err)
+			}
 			if heardDirty {
 				heardDirty = false
 				if err := sendHeard(); err != nil {
