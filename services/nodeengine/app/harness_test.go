@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -542,31 +543,89 @@ func (r *running) waitAttempt(t testing.TB, module string, st composerv1.Attempt
 	return got
 }
 
-// tree lists what lies under the root: path → kind and content.
-func tree(t testing.TB, root string) map[string]string {
+// entry is one path of a snapshot: its type, permission and special mode
+// bits, owner, and its content (a file) or target (a symlink).
+type entry struct {
+	Kind     string
+	Mode     fs.FileMode
+	UID, GID uint32
+	Content  string
+}
+
+func (n entry) String() string {
+	return fmt.Sprintf("%s %v %d:%d %q", n.Kind, n.Mode, n.UID, n.GID, n.Content)
+}
+
+// snapshot reads the whole tree under root, by root-relative path.
+func snapshot(t testing.TB, root string) map[string]entry {
 	t.Helper()
-	out := map[string]string{}
-	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	out := map[string]entry{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
-			return nil
+			return err
 		}
-		rel, _ := filepath.Rel(root, p)
-		fi, _ := os.Lstat(p)
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		n := entry{Mode: fi.Mode() &^ fs.ModeType}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			n.UID, n.GID = st.Uid, st.Gid
+		}
 		switch {
 		case fi.Mode()&fs.ModeSymlink != 0:
-			target, _ := os.Readlink(p)
-			out[rel] = "link " + target
+			n.Kind = "link"
+			if n.Content, err = os.Readlink(p); err != nil {
+				return err
+			}
 		case fi.IsDir():
-			out[rel] = fmt.Sprintf("dir %o", fi.Mode().Perm())
+			n.Kind = "dir"
 		case fi.Mode().IsRegular():
-			b, _ := os.ReadFile(p)
-			out[rel] = fmt.Sprintf("file %o %s", fi.Mode().Perm(), b)
+			n.Kind = "file"
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			n.Content = string(b)
 		default:
-			out[rel] = "special " + fi.Mode().String()
+			n.Kind = "special " + fi.Mode().Type().String()
 		}
+		out[rel] = n
 		return nil
 	})
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatalf("snapshot of %s: %v", root, err)
+	}
 	return out
+}
+
+// sameTree fails the test for every path added, removed or changed between
+// two snapshots.
+func sameTree(t testing.TB, before, after map[string]entry) {
+	t.Helper()
+	var diffs []string
+	for p, a := range after {
+		b, ok := before[p]
+		switch {
+		case !ok:
+			diffs = append(diffs, fmt.Sprintf("added %s: %v", p, a))
+		case a != b:
+			diffs = append(diffs, fmt.Sprintf("changed %s: %v, was %v", p, a, b))
+		}
+	}
+	for p, b := range before {
+		if _, ok := after[p]; !ok {
+			diffs = append(diffs, fmt.Sprintf("removed %s: was %v", p, b))
+		}
+	}
+	sort.Strings(diffs)
+	for _, d := range diffs {
+		t.Errorf("root changed: %s", d)
+	}
 }
 
 func (w *world) path(p string) string { return filepath.Join(w.root, filepath.FromSlash(p)) }

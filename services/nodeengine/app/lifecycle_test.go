@@ -150,14 +150,20 @@ func TestRevisionsNeverGoBack(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	r := w.start(t)
-	m5 := w.publish(manifestOpts{revision: 5}, nodeComp(file("node", "a", "/etc/app/a", "five")))
+	m5 := w.publish(manifestOpts{revision: 5}, nodeComp(file("node", "a", "/etc/app/a", "five"), dir("node", "d", "/etc/app/d"),
+		&typev1.Resource{Id: "node:l", Type: typev1.ResourceType_RESOURCE_TYPE_SYMLINK, Path: "/etc/app/l", Target: "/etc/app/a"}))
 	r.waitApplied(t, m5)
+	// What revision 5 applied, the whole tree: nothing a refused
+	// manifest declares or leaves out may change it.
+	applied := snapshot(t, w.root)
 
 	w.publish(manifestOpts{revision: 4}, nodeComp(file("node", "a", "/etc/app/a", "four")))
 	a := r.waitAttempt(t, names.NodeModule, stateFailed, composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT)
-	if !strings.Contains(a.GetReason(), "high-water mark is revision 5") {
+	if !strings.HasPrefix(a.GetReason(), "manifest revision 4 (") || !strings.Contains(a.GetReason(), ") refused: the high-water mark is revision 5 (") {
 		t.Errorf("reason %q", a.GetReason())
 	}
+	r.eng.Engine.Pass(t.Context())
+	sameTree(t, applied, snapshot(t, w.root))
 	if s := r.status(t); s.GetHighWater() != 5 {
 		t.Errorf("high water %d", s.GetHighWater())
 	}
@@ -166,20 +172,24 @@ func TestRevisionsNeverGoBack(t *testing.T) {
 		return rep.GetHighWater() == 5 && haveAttemptCode(rep.GetHaves(), names.NodeModule) == composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT, rep.String()
 	})
 	w.publish(manifestOpts{revision: 5}, nodeComp(file("node", "a", "/etc/app/a", "other five")))
-	r.waitAttempt(t, names.NodeModule, stateFailed, composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT)
-	if got := readFile(t, w.path("/etc/app/a")); got != "five" {
-		t.Fatalf("a = %q", got)
+	a = r.waitAttempt(t, names.NodeModule, stateFailed, composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT)
+	if !strings.HasPrefix(a.GetReason(), "manifest revision 5 (") || !strings.Contains(a.GetReason(), ") refused: the high-water mark is revision 5 (") {
+		t.Errorf("reason %q", a.GetReason())
 	}
+	r.eng.Engine.Pass(t.Context())
+	sameTree(t, applied, snapshot(t, w.root))
 	seq := w.composer.lastReport().GetReportSeq()
 
 	// After a restart, with the composer sending the old manifest first.
 	r.stop()
 	w.composer.manifest = w.manifest(manifestOpts{revision: 3}, nodeComp(file("node", "a", "/etc/app/a", "three")))
 	r = w.start(t)
-	r.waitAttempt(t, names.NodeModule, stateFailed, composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT)
-	if got := readFile(t, w.path("/etc/app/a")); got != "five" {
-		t.Fatalf("after restart a = %q", got)
+	a = r.waitAttempt(t, names.NodeModule, stateFailed, composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT)
+	if !strings.HasPrefix(a.GetReason(), "manifest revision 3 (") || !strings.Contains(a.GetReason(), ") refused: the high-water mark is revision 5 (") {
+		t.Errorf("after restart, reason %q", a.GetReason())
 	}
+	r.eng.Engine.Pass(t.Context())
+	sameTree(t, applied, snapshot(t, w.root))
 	w.composer.mu.Lock()
 	hello := w.composer.hellos[len(w.composer.hellos)-1]
 	w.composer.mu.Unlock()
@@ -209,7 +219,7 @@ func TestComposerDownAtStart(t *testing.T) {
 	m1 := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "one")))
 	r.waitApplied(t, m1)
 	r.stop()
-	before := tree(t, w.root)
+	before := snapshot(t, w.root)
 
 	w.cfg.ComposerAddr = "127.0.0.1:1"
 	w.cfg.CatalogAddr = "127.0.0.1:1"
@@ -221,12 +231,7 @@ func TestComposerDownAtStart(t *testing.T) {
 			h.GetApplied().GetDigest() != "", s.String()
 	})
 	r.eng.Engine.Pass(context.Background())
-	after := tree(t, w.root)
-	for p, v := range after {
-		if before[p] != v {
-			t.Errorf("changed while the composer was down: %s", p)
-		}
-	}
+	sameTree(t, before, snapshot(t, w.root))
 }
 
 // TestFirstViewsAndEntryAgain lists entries in every state and kept wants,

@@ -130,7 +130,10 @@ type Engine struct {
 	keysetOffers []*typev1.Envelope
 	heard        *composerv1.Heard
 	refused      *refusal
-	compCache    map[string]*verified
+	// keysetRefused is why the last keyset offered was refused, said with
+	// the manifests that wait for a keyset.
+	keysetRefused string
+	compCache     map[string]*verified
 
 	// What the last pass found.
 	wants      []*typev1.Want

@@ -228,7 +228,8 @@ func (e *Engine) takeKeysets() {
 	for _, env := range offers {
 		ring, err := verify.Keyset(e.cfg.Roots, env)
 		if err != nil {
-			e.refuseLocked(composerv1.ReasonCode_REASON_CODE_KEYSET_INVALID, "keyset refused: "+err.Error())
+			e.keysetRefused = "keyset refused: " + err.Error()
+			e.refuseLocked(composerv1.ReasonCode_REASON_CODE_KEYSET_INVALID, e.keysetRefused)
 			continue
 		}
 		if e.keyring != nil && ring.Version() <= e.keyring.Version() {
@@ -241,6 +242,7 @@ func (e *Engine) takeKeysets() {
 		}
 		e.log.Info("keyset accepted", slog.Uint64("version", ring.Version()))
 		e.keyring = ring
+		e.keysetRefused = ""
 		if e.keysetErr != nil {
 			e.keysetErr = nil
 			e.unblockLocked()
@@ -273,7 +275,12 @@ func (e *Engine) takeOffers(now time.Time) {
 		// Nothing can be verified without a keyset: keep them until one
 		// comes (the composer sends the keyset first).
 		e.offers = offers
-		e.refuseLocked(composerv1.ReasonCode_REASON_CODE_KEYSET_INVALID, "no keyset verified against the pinned roots yet: the manifest waits")
+		reason := "no keyset verified against the pinned roots yet: the manifest waits"
+		if e.keysetRefused != "" {
+			// The refusal of the keyset is the cause: keep saying it.
+			reason += " (" + e.keysetRefused + ")"
+		}
+		e.refuseLocked(composerv1.ReasonCode_REASON_CODE_KEYSET_INVALID, reason)
 		return
 	}
 	for i, env := range offers {
@@ -456,7 +463,7 @@ func (e *Engine) composition(ctx context.Context, w *typev1.Want, ring *verify.K
 	env = resp.GetComposition()
 	c, err = ring.Composition(env, e.cfg.Node, w, now)
 	if err != nil {
-		return nil, &apply.Failure{Code: ReasonOf(err), Reason: err.Error()}
+		return nil, &apply.Failure{Code: ReasonOf(err), Reason: fmt.Sprintf("composition %s refused: %v", w.GetCompositionKey(), err)}
 	}
 	for _, r := range c.GetResources() {
 		if f := e.cfg.Applier.CheckPath(r.GetPath()); f != nil {

@@ -1,0 +1,76 @@
+package app_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"mesh.dev/internal/names"
+	"mesh.dev/internal/testutil"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+)
+
+// TestKeyStates signs a manifest and its composition with a key the
+// keyset lists as RETIRED or REVOKED (DESIGN.md §5.4): a RETIRED key still
+// verifies until its not_after, and nothing after; a REVOKED key verifies
+// nothing.
+func TestKeyStates(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	tests := []struct {
+		name     string
+		state    typev1.KeyState
+		notAfter time.Time
+		// applied, or else refused with this state, code and words.
+		applied bool
+		st      composerv1.AttemptState
+		code    composerv1.ReasonCode
+		words   string
+	}{
+		{name: "RETIRED before its not_after: accepted", state: typev1.KeyState_KEY_STATE_RETIRED, notAfter: now.Add(time.Hour), applied: true},
+		{name: "RETIRED past its not_after: refused", state: typev1.KeyState_KEY_STATE_RETIRED, notAfter: now.Add(-time.Minute),
+			st: stateFailed, code: composerv1.ReasonCode_REASON_CODE_SIGNATURE_INVALID, words: "was valid until"},
+		{name: "REVOKED: refused", state: typev1.KeyState_KEY_STATE_REVOKED, notAfter: now.Add(time.Hour),
+			st: stateStale, code: composerv1.ReasonCode_REASON_CODE_EXPIRED, words: "revoked"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t)
+			// Keyset 2: the key that signs is now in tt.state, a new key
+			// is ACTIVE.
+			ks := proto.Clone(w.trust.Keyset).(*typev1.Keyset)
+			ks.Version = 2
+			ks.IssuedAt = timestamppb.New(now)
+			ks.Keys = []*typev1.KeysetKey{
+				testutil.KeysetKeyOf(w.trust.SigningKey, tt.state, now.Add(-48*time.Hour), tt.notAfter),
+				testutil.KeysetKeyOf(testutil.NewKey(t), typev1.KeyState_KEY_STATE_ACTIVE, now.Add(-time.Hour), now.Add(48*time.Hour)),
+			}
+			w.composer.keyset = w.trust.SignKeyset(t, ks, w.trust.RootKeys...)
+			r := w.start(t)
+			eventually(t, "keyset 2 taken", func() (bool, string) {
+				s := r.status(t)
+				return s.GetKeysetVersion() == 2, s.String()
+			})
+			before := snapshot(t, w.root)
+			m := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "signed by the old key")))
+			if tt.applied {
+				r.waitApplied(t, m)
+				if got := readFile(t, w.path("/etc/app/a")); got != "signed by the old key" {
+					t.Errorf("a = %q", got)
+				}
+				return
+			}
+			a := r.waitAttempt(t, names.NodeModule, tt.st, tt.code)
+			if !strings.Contains(a.GetReason(), tt.words) {
+				t.Errorf("reason %q, want it to say %q", a.GetReason(), tt.words)
+			}
+			r.eng.Engine.Pass(t.Context())
+			sameTree(t, before, snapshot(t, w.root))
+		})
+	}
+}
