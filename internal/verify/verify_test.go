@@ -102,12 +102,14 @@ func TestManifestVerification(t *testing.T) {
 		t.Fatal(err)
 	}
 	retiredKey := testutil.NewKey(t)
+	retiredLiveKey := testutil.NewKey(t)
 	revokedKey := testutil.NewKey(t)
 	ks2 := proto.Clone(tr.Keyset).(*typev1.Keyset)
 	ks2.Version = 2
 	ks2.RevisionFloor = 5
 	ks2.Keys = append(ks2.Keys,
 		testutil.KeysetKeyOf(retiredKey, typev1.KeyState_KEY_STATE_RETIRED, now.Add(-48*time.Hour), now.Add(-time.Minute)),
+		testutil.KeysetKeyOf(retiredLiveKey, typev1.KeyState_KEY_STATE_RETIRED, now.Add(-48*time.Hour), now.Add(time.Minute)),
 		testutil.KeysetKeyOf(revokedKey, typev1.KeyState_KEY_STATE_REVOKED, now.Add(-48*time.Hour), now.Add(48*time.Hour)))
 	ring2, err := verify.Keyset(tr.Roots, tr.SignKeyset(t, ks2, tr.RootKeys...))
 	if err != nil {
@@ -154,6 +156,7 @@ func TestManifestVerification(t *testing.T) {
 		{"fast-forward", ring, signed(manifestFor("ace", 10, now.Add(25*time.Hour), now.Add(50*time.Hour), want)), "ace", verify.ErrFastForward},
 		{"composition posing as manifest", ring, tamper(compEnv, func(e *typev1.Envelope) { e.PayloadType = typev1.PayloadType_PAYLOAD_TYPE_MANIFEST }), "ace", verify.ErrSignature},
 		{"retired key past not_after", ring2, byKey(retiredKey, good), "ace", verify.ErrKeyNotValid},
+		{"retired key before not_after", ring2, byKey(retiredLiveKey, good), "ace", nil},
 		{"revoked key", ring2, byKey(revokedKey, good), "ace", verify.ErrRevoked},
 		{"below revision floor", ring2, signed(manifestFor("ace", 4, now, now.Add(time.Hour), want)), "ace", verify.ErrBelowFloor},
 		{"want naming another node", ring, signed(badWants), "ace", verify.ErrPayload},
