@@ -375,6 +375,15 @@ func (h *Hub) sweep(now time.Time) {
 	for n := range h.haves {
 		nodes[n] = true
 	}
+	// What is kept of a node that has no assignment, no haves and no
+	// stream here any more goes, so the maps follow the fleet.
+	for _, m := range []map[string]time.Time{h.lastSeen, h.touchTried} {
+		for n := range m {
+			if !nodes[n] && len(h.subs[n]) == 0 {
+				delete(m, n)
+			}
+		}
+	}
 	for n := range h.live {
 		if !nodes[n] {
 			delete(h.live, n)
