@@ -12,6 +12,7 @@ import (
 
 	"mesh.dev/internal/names"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	nodeenginev1 "mesh.dev/proto/mesh/nodeengine/v1"
 	"mesh.dev/services/nodeengine/internal/state"
 )
 
@@ -114,6 +115,10 @@ func TestStateFailurePolicy(t *testing.T) {
 		a := r.waitAttempt(t, names.NodeModule, stateFailed, composerv1.ReasonCode_REASON_CODE_STATE_UNREADABLE)
 		if !strings.HasPrefix(a.GetReason(), why) {
 			t.Errorf("reason %q, want it to start %q", a.GetReason(), why)
+		}
+		// The admin API says it too.
+		if st, err := r.admin.GetStatus(context.Background(), &nodeenginev1.GetStatusRequest{}); err != nil || !strings.HasPrefix(st.GetBlocked(), why) {
+			t.Errorf("GetStatus blocked %q (%v), want it to start %q", st.GetBlocked(), err, why)
 		}
 		// The composer hears it: the engine said Hello and reports the
 		// reason, although report_seq can no longer be read from the

@@ -209,8 +209,9 @@ type HeardNode struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Node        string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	Fingerprint string                 `protobuf:"bytes,2,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
-	// The node's last attempt at the module did not apply it, or its engine
-	// has not been seen within the liveness window.
+	// The node runs nothing of the module (fingerprint is then what it was
+	// assigned), or no composer replica heard its engine within the
+	// liveness window.
 	Stopped       bool `protobuf:"varint,3,opt,name=stopped,proto3" json:"stopped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

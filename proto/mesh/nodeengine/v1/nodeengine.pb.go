@@ -499,7 +499,11 @@ type GetStatusResponse struct {
 	Stale      string                 `protobuf:"bytes,13,opt,name=stale,proto3" json:"stale,omitempty"`
 	StaleSince *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=stale_since,json=staleSince,proto3" json:"stale_since,omitempty"`
 	// Paths where drift was found and corrected on the last pass.
-	Drift         []string `protobuf:"bytes,15,rep,name=drift,proto3" json:"drift,omitempty"`
+	Drift []string `protobuf:"bytes,15,rep,name=drift,proto3" json:"drift,omitempty"`
+	// Why the engine applies nothing at all, when it does not: a kept state
+	// section it cannot read, or an apply whose ledger is not committed yet.
+	// The same words go to the composer as a FAILED attempt of its own have.
+	Blocked       string `protobuf:"bytes,16,opt,name=blocked,proto3" json:"blocked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -637,6 +641,13 @@ func (x *GetStatusResponse) GetDrift() []string {
 		return x.Drift
 	}
 	return nil
+}
+
+func (x *GetStatusResponse) GetBlocked() string {
+	if x != nil {
+		return x.Blocked
+	}
+	return ""
 }
 
 type FirstViewsRequest struct {
@@ -840,7 +851,7 @@ const file_mesh_nodeengine_v1_nodeengine_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x15\n" +
 	"\x06key_id\x18\x05 \x01(\tR\x05keyId\"\x12\n" +
-	"\x10GetStatusRequest\"\x9b\x05\n" +
+	"\x10GetStatusRequest\"\xb5\x05\n" +
 	"\x11GetStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12:\n" +
 	"\aapplied\x18\x02 \x01(\v2 .mesh.nodeengine.v1.ManifestViewR\aapplied\x12:\n" +
@@ -859,7 +870,8 @@ const file_mesh_nodeengine_v1_nodeengine_proto_rawDesc = "" +
 	"\x05stale\x18\r \x01(\tR\x05stale\x12;\n" +
 	"\vstale_since\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"staleSince\x12\x14\n" +
-	"\x05drift\x18\x0f \x03(\tR\x05drift\"\x13\n" +
+	"\x05drift\x18\x0f \x03(\tR\x05drift\x12\x18\n" +
+	"\ablocked\x18\x10 \x01(\tR\ablocked\"\x13\n" +
 	"\x11FirstViewsRequest\"\x81\x01\n" +
 	"\x12FirstViewsResponse\x127\n" +
 	"\aentries\x18\x01 \x03(\v2\x1d.mesh.nodeengine.v1.EntryViewR\aentries\x122\n" +

@@ -35,7 +35,7 @@ func (e *Engine) Status() *nodeenginev1.GetStatusResponse {
 	s := &nodeenginev1.GetStatusResponse{
 		Node: e.cfg.Node, Applied: manifestView(e.applied.Manifest), HighWater: e.hw.Revision,
 		Haves: cloneHaves(e.haves), Connected: e.connected, ConnectionError: e.connErr,
-		Stale: e.stale, Drift: append([]string{}, e.drift...),
+		Stale: e.stale, Drift: append([]string{}, e.drift...), Blocked: e.blockedWordsLocked(),
 		Wants: []*typev1.Want{}, Holds: []*nodeenginev1.EngineHold{}, Picture: []*nodeenginev1.PictureModule{},
 	}
 	if e.keyring != nil {
@@ -107,4 +107,13 @@ func entryView(r entries.Row) *nodeenginev1.EntryView {
 		v.Since = timestamppb.New(r.Since)
 	}
 	return v
+}
+
+// blockedWordsLocked says why the engine applies nothing, "" when it
+// applies; e.mu is held.
+func (e *Engine) blockedWordsLocked() string {
+	if e.block != nil {
+		return e.block.reason
+	}
+	return e.blocked
 }
