@@ -80,6 +80,8 @@ type Reconciler struct {
 	approvals map[string]*composerv1.Approval
 	haves     map[string]*composerv1.HaveRecord
 	nextVisit map[string]time.Time
+	// failures counts each node's passes failed in a row.
+	failures map[string]int
 }
 
 // New returns a Reconciler.
@@ -102,7 +104,7 @@ func New(cfg Config) *Reconciler {
 	return &Reconciler{cfg: cfg, pending: map[string]task{}, running: map[string]bool{}, dirty: map[string]task{},
 		wake: make(chan struct{}, 1), specs: map[string]*composerv1.NodeSpec{}, haves: map[string]*composerv1.HaveRecord{},
 		approvals: map[string]*composerv1.Approval{},
-		nextVisit: map[string]time.Time{}}
+		nextVisit: map[string]time.Time{}, failures: map[string]int{}}
 }
 
 // Enqueue asks for a pass of a node, continuing the trace of ctx.
@@ -232,6 +234,7 @@ func (r *Reconciler) watchSpecs(ctx context.Context) error {
 			r.mu.Lock()
 			delete(r.specs, node)
 			delete(r.nextVisit, node)
+			delete(r.failures, node)
 			r.mu.Unlock()
 			if r.cfg.OnNodeDeleted != nil {
 				r.cfg.OnNodeDeleted(node)
@@ -499,24 +502,57 @@ func (r *Reconciler) work(ctx context.Context) {
 	}
 }
 
-// retryAfter is how soon, on average, a node is visited again after a
-// failed pass or while a registered fingerprint waits for its build.
-const retryAfter = 30 * time.Second
+// Visits after a failure: the first soon, then backing off to
+// retryFailedMax, so a dependency that is down a moment (the signer
+// restarting, a NATS leader election) costs a second, and one that stays
+// down is not hammered. retryAfter is how soon, on average, a node is
+// visited again while a registered fingerprint waits for its build (no
+// catalog change announces that it is DONE).
+const (
+	retryFailedMin = time.Second
+	retryFailedMax = 30 * time.Second
+	retryAfter     = 30 * time.Second
+)
+
+// retryDelay is the mean delay before the visit after the n-th failed pass
+// in a row (n ≥ 1).
+func retryDelay(n int) time.Duration {
+	d := retryFailedMin
+	for i := 1; i < n && d < retryFailedMax; i++ {
+		d *= 2
+	}
+	return min(d, retryFailedMax)
+}
 
 // scheduleLocked sets a node's next visit: the full reconcile, at a random
 // point of the second half of the period so the fleet's visits spread out;
-// the manifest's renewal time when sooner; and soon, with jitter, after a
-// failure or while a module waits for its registered fingerprint's build to
-// be DONE (no catalog change announces that).
+// the manifest's renewal time when sooner; soon after a failure, backing
+// off while the failures go on; and every half minute or so while a module
+// waits for its registered fingerprint's build to be DONE. Every soon visit
+// is jittered (×0.5–1.5) so nodes that failed together do not come back
+// together.
 func (r *Reconciler) scheduleLocked(node string, res *pass.Result, err error) {
 	now := r.cfg.Now()
 	next := now.Add(time.Duration(float64(r.cfg.Period) * (0.5 + 0.5*rand.Float64())))
 	if res != nil && !res.RenewAt.IsZero() && res.RenewAt.Before(next) {
 		next = res.RenewAt
 	}
-	soon := now.Add(time.Duration(float64(retryAfter) * (0.5 + rand.Float64())))
-	if (err != nil || res == nil || res.Err != nil || res.Waiting) && soon.Before(next) {
-		next = soon
+	failed := err != nil || res == nil || res.Err != nil
+	var soon time.Duration
+	switch {
+	case failed:
+		r.failures[node]++
+		soon = retryDelay(r.failures[node])
+	case res.Waiting:
+		delete(r.failures, node)
+		soon = retryAfter
+	default:
+		delete(r.failures, node)
+	}
+	if soon > 0 {
+		if at := now.Add(time.Duration(float64(soon) * (0.5 + rand.Float64()))); at.Before(next) {
+			next = at
+		}
 	}
 	r.nextVisit[node] = next
 }

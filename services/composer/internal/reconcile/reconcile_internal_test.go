@@ -80,8 +80,11 @@ func TestScheduleSpread(t *testing.T) {
 		min, max time.Duration
 	}{
 		{"renewal sooner", &pass.Result{RenewAt: now.Add(time.Minute)}, nil, time.Minute, time.Minute},
-		{"failed pass", &pass.Result{Err: errTest}, nil, 15 * time.Second, 45 * time.Second},
-		{"no result", nil, errTest, 15 * time.Second, 45 * time.Second},
+		{"first failed pass", &pass.Result{Err: errTest}, nil, 500 * time.Millisecond, 1500 * time.Millisecond},
+		{"second failure in a row", nil, errTest, time.Second, 3 * time.Second},
+		{"third failure in a row", &pass.Result{Err: errTest}, nil, 2 * time.Second, 6 * time.Second},
+		{"a clean pass resets the failures", &pass.Result{}, nil, period / 2, period},
+		{"failed again: soon again", nil, errTest, 500 * time.Millisecond, 1500 * time.Millisecond},
 		{"waiting for a build", &pass.Result{Waiting: true}, nil, 15 * time.Second, 45 * time.Second},
 	}
 	for _, tc := range cases {
@@ -89,6 +92,13 @@ func TestScheduleSpread(t *testing.T) {
 		if d := r.nextVisit["x"].Sub(now); d < tc.min || d > tc.max {
 			t.Errorf("%s: next visit in %s, want %s..%s", tc.name, d, tc.min, tc.max)
 		}
+	}
+	// Failures that go on back off to retryFailedMax, never beyond.
+	for range 20 {
+		r.scheduleLocked("y", nil, errTest)
+	}
+	if d := r.nextVisit["y"].Sub(now); d < retryFailedMax/2 || d > retryFailedMax*3/2 {
+		t.Errorf("after 20 failures: next visit in %s, want %s..%s", d, retryFailedMax/2, retryFailedMax*3/2)
 	}
 	// visitDue queues exactly the nodes whose visit has come.
 	r2 := New(Config{Period: period, Now: func() time.Time { return now }})
