@@ -64,10 +64,15 @@ code and words, held moves with their reasons, and the last compose error.
 	return cmd
 }
 
-// WaitConverged polls statuses, printing a progress line when it changes,
-// until every node is converged (and at least want nodes are known).
+// WaitConverged polls statuses until every node is converged (and at
+// least want nodes are known). It prints a progress line whenever the count
+// changes and, when the table changed, the whole status table again (at
+// most every liveEvery), so the operator watches each node move; the final
+// table is printed once converged, and with every reason on timeout.
 func WaitConverged(ctx context.Context, w io.Writer, fetch func(context.Context) ([]*composerv1.NodeStatus, error), want int, why bool) error {
-	last := ""
+	const liveEvery = 2 * time.Second
+	lastLine, lastTable := "", ""
+	var printed time.Time
 	start := time.Now()
 	for {
 		sts, err := fetch(ctx)
@@ -78,12 +83,21 @@ func WaitConverged(ctx context.Context, w io.Writer, fetch func(context.Context)
 					conv++
 				}
 			}
+			done := len(sts) > 0 && conv == len(sts) && len(sts) >= want
 			line := fmt.Sprintf("%d/%d nodes converged", conv, len(sts))
-			if line != last {
+			var table strings.Builder
+			RenderStatus(&table, sts, false, time.Now())
+			changed := line != lastLine || (table.String() != lastTable && time.Since(printed) >= liveEvery)
+			if changed && !done {
 				fmt.Fprintf(w, "[%5.1fs] %s\n", time.Since(start).Seconds(), line)
-				last = line
+				if len(sts) > 0 && table.String() != lastTable {
+					fmt.Fprint(w, table.String())
+					lastTable = table.String()
+				}
+				lastLine, printed = line, time.Now()
 			}
-			if len(sts) > 0 && conv == len(sts) && len(sts) >= want {
+			if done {
+				fmt.Fprintf(w, "[%5.1fs] %s\n", time.Since(start).Seconds(), line)
 				RenderStatus(w, sts, why, time.Now())
 				return nil
 			}
