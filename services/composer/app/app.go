@@ -244,7 +244,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 
 	var signer *signing.Signer
 	c.Lease = lease.New(c.Store.Lease, cfg.Holder, time.Duration(cfg.LeaseTTL), fencer{&signer}, log)
-	signer = signing.New(signerClient, c.Lease.Epoch, tp.Tracer("mesh.dev/services/composer"))
+	signer = signing.New(signerClient, tp.Tracer("mesh.dev/services/composer"))
 	c.Trust = trust.New(roots, c.Store, signerClient, log)
 	if err := c.Trust.Load(ctx); err != nil {
 		log.Warn("keyset in the bucket not taken", "error", err)

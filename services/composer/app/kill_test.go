@@ -262,7 +262,7 @@ func newSecondPasser(t testing.TB, w *ct.World, c *ct.Composer) *pass.Passer {
 	_, js := testutil.ConnectJetStream(t, w.Embedded)
 	st, err := store.Open(context.Background(), js, 1, 15*time.Second, nil)
 	ct.Must(t, err)
-	return pass.New(pass.Config{Store: st, Catalog: c.View, Signer: signing.New(signer, c.Lease.Epoch, nil),
+	return pass.New(pass.Config{Store: st, Catalog: c.View, Signer: signing.New(signer, nil),
 		Trust: c.Trust, Lease: c.Lease, Approvals: c.Reconciler, Logger: ct.Logger(t)})
 }
 

@@ -62,18 +62,22 @@ func New(kv *natsx.KV, holder string, ttl time.Duration, fencer Fencer, log *slo
 // RenewInterval is how often the holder renews: a third of the TTL.
 func (l *Lease) RenewInterval() time.Duration { return l.ttl / 3 }
 
-// Check returns nil when this composer holds the lease with at least margin
-// left before it expires.
-func (l *Lease) Check(margin time.Duration) error {
+// Check returns the fencing epoch of the current tenure when this composer
+// holds the lease with at least margin left before it expires, and
+// ErrNotHolder otherwise. The epoch names the tenure: a pass keeps the one
+// it started under and signs with it, so when the lease was lost and taken
+// again meanwhile its requests carry the old epoch and the signer refuses
+// them.
+func (l *Lease) Check(margin time.Duration) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.held {
-		return fmt.Errorf("%w (held by %q)", ErrNotHolder, l.holderName)
+		return 0, fmt.Errorf("%w (held by %q)", ErrNotHolder, l.holderName)
 	}
 	if left := l.expires.Sub(l.now()); left < margin {
-		return fmt.Errorf("%w: %s of the lease left, need %s", ErrNotHolder, left.Round(time.Millisecond), margin)
+		return 0, fmt.Errorf("%w: %s of the lease left, need %s", ErrNotHolder, left.Round(time.Millisecond), margin)
 	}
-	return nil
+	return l.epoch, nil
 }
 
 // Held reports whether this composer holds the lease.

@@ -41,11 +41,11 @@ type Catalog interface {
 	Build(ctx context.Context, fp string) (*catalogv1.Build, error)
 }
 
-// Signer signs for the lease holder; the implementation carries the fencing
-// epoch.
+// Signer signs for the lease holder under a fencing epoch: the one of the
+// tenure the pass started under.
 type Signer interface {
-	SignCompositions(ctx context.Context, comps []*typev1.Composition) ([]*signerv1.SignedItem, error)
-	SignManifests(ctx context.Context, items []*signerv1.ManifestItem) ([]*signerv1.SignedManifest, error)
+	SignCompositions(ctx context.Context, epoch uint64, comps []*typev1.Composition) ([]*signerv1.SignedItem, error)
+	SignManifests(ctx context.Context, epoch uint64, items []*signerv1.ManifestItem) ([]*signerv1.SignedManifest, error)
 }
 
 // Trust is the keyset a held composition must verify against and the id of
@@ -57,9 +57,10 @@ type Trust interface {
 }
 
 // Lease tells whether this composer may still write, with at least margin
-// left before its lease must be renewed.
+// left before its lease expires, and the fencing epoch of the tenure it
+// holds the lease in.
 type Lease interface {
-	Check(margin time.Duration) error
+	Check(margin time.Duration) (epoch uint64, err error)
 }
 
 // Approvals returns the current approvals (kept by a watch).

@@ -12,11 +12,12 @@ type Hooks struct {
 	BeforeSign   func(keys []string)
 	BeforeWrite  func(key string, attempt int)
 	BeforeReread func(key string, follow int)
+	BeforeCommit func(node string)
 }
 
 // SetHooks installs test hooks on a Passer.
 func SetHooks(p *Passer, h Hooks) {
-	p.hooks = hooks{beforeSign: h.BeforeSign, beforeWrite: h.BeforeWrite, beforeReread: h.BeforeReread}
+	p.hooks = hooks{beforeSign: h.BeforeSign, beforeWrite: h.BeforeWrite, beforeReread: h.BeforeReread, beforeCommit: h.BeforeCommit}
 }
 
 // SetNow replaces a Passer's clock.

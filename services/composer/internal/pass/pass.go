@@ -75,6 +75,8 @@ type hooks struct {
 	// beforeReread runs before the judgement record's follow loop reads
 	// the composition again.
 	beforeReread func(key string, follow int)
+	// beforeCommit runs before the assignment's lease check and commit.
+	beforeCommit func(node string)
 }
 
 // New returns a Passer.
@@ -148,6 +150,11 @@ var ErrStale = errors.New("the plan's inputs moved")
 // ErrNoSpec is returned for a node without a spec.
 var ErrNoSpec = errors.New("no node spec")
 
+// ErrTenureEnded is returned when the lease tenure a Write pass started
+// under ended before the pass wrote, even when this composer holds the
+// lease again: what the pass read and judged belongs to the old tenure.
+var ErrTenureEnded = errors.New("the lease tenure this pass started under ended")
+
 // nodeState is everything a pass reads about a node before deciding.
 type nodeState struct {
 	spec       *composerv1.NodeSpec
@@ -163,6 +170,9 @@ type nodeState struct {
 	written []string
 	// mode is the pass's: a Plan rebuilds nothing.
 	mode Mode
+	// epoch is the fencing epoch of the lease tenure a Write pass started
+	// under: every sign request of the pass carries it.
+	epoch uint64
 }
 
 func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
@@ -220,8 +230,10 @@ func (p *Passer) Run(ctx context.Context, node string, mode Mode, expect *compos
 }
 
 func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *composerv1.AssignmentInputs) (*Result, error) {
+	var epoch uint64
 	if mode == Write {
-		if err := p.cfg.Lease.Check(p.cfg.LeaseMargin); err != nil {
+		var err error
+		if epoch, err = p.cfg.Lease.Check(p.cfg.LeaseMargin); err != nil {
 			return nil, err
 		}
 	}
@@ -229,7 +241,7 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	if err != nil {
 		return nil, err
 	}
-	st.mode = mode
+	st.mode, st.epoch = mode, epoch
 	res := &Result{Node: node}
 	var errs []error
 	fail := func(err error) {
@@ -290,7 +302,7 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	work := p.prepare(ctx, node, keys, split.Compositions, st)
 	jc := p.judging(ctx, st, work, manifests)
 	if mode == Write {
-		p.write(ctx, node, work, jc, fail)
+		p.write(ctx, st, work, jc, fail)
 	} else {
 		for _, it := range work {
 			if it.err != nil {
@@ -332,6 +344,20 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	}
 	res.Committed = true
 	return done(asg)
+}
+
+// stillHolds checks, before a Write pass writes, that this composer still
+// holds the lease with the margin left and in the tenure the pass started
+// under.
+func (p *Passer) stillHolds(st *nodeState) error {
+	epoch, err := p.cfg.Lease.Check(p.cfg.LeaseMargin)
+	if err != nil {
+		return err
+	}
+	if epoch != st.epoch {
+		return fmt.Errorf("%w (epoch %d; the lease is held in epoch %d now)", ErrTenureEnded, st.epoch, epoch)
+	}
+	return nil
 }
 
 func sameInputs(a, b *composerv1.AssignmentInputs) bool {
@@ -528,14 +554,17 @@ func holdsEqual(a, b []*composerv1.Hold) bool {
 // (checked by assign).
 func (p *Passer) commit(ctx context.Context, st *nodeState, wants []*typev1.Want, holds []*composerv1.Hold, moved []string, inputs *composerv1.AssignmentInputs, sign bool) (*composerv1.Assignment, error) {
 	node := st.spec.GetNode()
-	if err := p.cfg.Lease.Check(p.cfg.LeaseMargin); err != nil {
-		return nil, err
+	if p.hooks.beforeCommit != nil {
+		p.hooks.beforeCommit(node)
+	}
+	if err := p.stillHolds(st); err != nil {
+		return nil, fmt.Errorf("%s: assignment not committed: %w", node, err)
 	}
 	a := &composerv1.Assignment{Node: node, Wants: wants, Holds: holds, Inputs: inputs, Moved: moved}
 	if sign || st.assignment == nil {
 		floor := max(st.assignment.GetManifestRevision(), st.haves.GetHighWater()) + 1
 		tp, ts := telemetry.Traceparent(ctx)
-		signed, err := p.cfg.Signer.SignManifests(ctx, []*signerv1.ManifestItem{{Node: node, RevisionFloor: floor, Wants: wants, Traceparent: tp, Tracestate: ts}})
+		signed, err := p.cfg.Signer.SignManifests(ctx, st.epoch, []*signerv1.ManifestItem{{Node: node, RevisionFloor: floor, Wants: wants, Traceparent: tp, Tracestate: ts}})
 		if err != nil {
 			return nil, fmt.Errorf("%s: sign manifest: %w", node, err)
 		}
@@ -559,6 +588,12 @@ func (p *Passer) commit(ctx context.Context, st *nodeState, wants []*typev1.Want
 // finish records status and prunes; both run after every Write pass, even a
 // failing one.
 func (p *Passer) finish(ctx context.Context, st *nodeState, res *Result, asg *composerv1.Assignment) {
+	if err := p.stillHolds(st); err != nil {
+		// Status and prune are writes too (a prune deletes compositions):
+		// only the holder makes them.
+		p.cfg.Logger.WarnContext(ctx, "status and prune skipped: the lease is no longer held", "node", res.Node, "error", err)
+		return
+	}
 	if asg == nil {
 		asg = st.assignment
 	}
@@ -584,7 +619,7 @@ func (p *Passer) finish(ctx context.Context, st *nodeState, res *Result, asg *co
 // their judgement records, its haves and its status. The signer keeps the
 // node's revision, so a node re-created later never goes backwards.
 func (p *Passer) DeleteNode(ctx context.Context, node string) error {
-	if err := p.cfg.Lease.Check(p.cfg.LeaseMargin); err != nil {
+	if _, err := p.cfg.Lease.Check(p.cfg.LeaseMargin); err != nil {
 		return err
 	}
 	if _, _, err := p.cfg.Store.Spec(ctx, node); err == nil {

@@ -23,6 +23,7 @@ import (
 	typev1 "mesh.dev/proto/mesh/type/v1"
 	ct "mesh.dev/services/composer/internal/composertest"
 	"mesh.dev/services/composer/internal/pass"
+	"mesh.dev/services/composer/internal/signing"
 )
 
 func TestMain(m *testing.M) {
@@ -383,5 +384,90 @@ func TestPruneKeepsTheAppliedManifest(t *testing.T) {
 		if present := slices.Contains(held, k); present != (i != 1) {
 			t.Errorf("v%d held=%v", i+1, present)
 		}
+	}
+}
+
+// TestLeaseGuardsWrites covers DESIGN.md §5.2 step 9 in a pass: only the
+// lease holder writes, with at least one renewal interval left before each
+// node, and only in the tenure the pass started under. A composer that lost
+// the lease, has less than the margin left, loses it before the commit, or
+// lost it and took it again mid-pass writes no composition, judgement
+// record, assignment or status (its prune deletes nothing either).
+func TestLeaseGuardsWrites(t *testing.T) {
+	t.Parallel()
+	const ttl = 3 * time.Second
+	cases := []struct {
+		name string
+		// before runs before the pass; during installs hooks. Either
+		// returns the words the pass's error must hold.
+		before func(t *testing.T, s *setup) (run *pass.Passer, words string)
+		// wrote lists the buckets the pass may still write (compositions
+		// signed under its own tenure before it ended).
+		wrote []string
+	}{
+		{name: "lost the lease", before: func(t *testing.T, s *setup) (*pass.Passer, string) {
+			s.c.PauseLease()
+			s.w.StartManual(t, "two", ct.WithLeaseTTL(ttl))
+			return s.c.Passer, "not the lease holder"
+		}},
+		{name: "less than the margin left", before: func(t *testing.T, s *setup) (*pass.Passer, string) {
+			signer := signerv1.NewSignerServiceClient(s.w.As(t, s.w.SignerAddr, identity.RoleComposer, ""))
+			// A margin longer than the lease: never enough left.
+			return pass.New(pass.Config{Store: s.c.Store, Catalog: s.c.View, Signer: signing.New(signer, nil), Trust: s.c.Trust,
+				Lease: s.c.Lease, Approvals: s.c.Reconciler, LeaseMargin: 2 * ttl, Logger: ct.Logger(t)}), "of the lease left, need " + (2 * ttl).String()
+		}},
+		{name: "lost the lease before the commit", wrote: []string{natsx.BucketCompositions, natsx.BucketComposed},
+			before: func(t *testing.T, s *setup) (*pass.Passer, string) {
+				pass.SetHooks(s.c.Passer, pass.Hooks{BeforeCommit: func(string) {
+					s.c.PauseLease()
+					s.w.StartManual(t, "two", ct.WithLeaseTTL(ttl))
+				}})
+				return s.c.Passer, "ace: assignment not committed: not the lease holder"
+			}},
+		{name: "lost the lease and took it again mid-pass", before: func(t *testing.T, s *setup) (*pass.Passer, string) {
+			first := s.c.Lease.Epoch()
+			pass.SetHooks(s.c.Passer, pass.Hooks{BeforeSign: func([]string) {
+				// The lease goes and the same composer takes it again in a
+				// new tenure: the pass's reads belong to the old one.
+				s.c.Lease.Release(context.Background())
+				ct.WaitFor(t, "the lease taken again", 20*time.Second, func() (bool, string) {
+					return s.c.Lease.Held() && s.c.Lease.Epoch() > first, fmt.Sprintf("epoch %d", s.c.Lease.Epoch())
+				})
+			}})
+			// The request carries the epoch of the pass's tenure: refused.
+			return s.c.Passer, fmt.Sprintf("fencing epoch %d is below the signer's %d", first, first+1)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSetup(t, ct.WithLeaseTTL(ttl))
+			v2 := s.w.Release(t, ct.Motd("2.0"), nil)
+			ct.WaitFor(t, "v2 seen", 10*time.Second, func() (bool, string) {
+				r, _ := s.c.View.Registration("motd")
+				return r.GetFingerprint() == v2, "not yet"
+			})
+			before, _, err := s.w.Assignment(t, "ace")
+			ct.Must(t, err)
+			rec := s.w.RecordWrites(t, natsx.BucketCompositions, natsx.BucketComposed, natsx.BucketAssignments, natsx.BucketStatus)
+			p, words := tc.before(t, s)
+			res, err := p.Run(context.Background(), "ace", pass.Write, nil)
+			if err == nil && res != nil {
+				err = res.Err
+			}
+			if err == nil || !strings.Contains(err.Error(), words) {
+				t.Fatalf("pass error %v, want %q", err, words)
+			}
+			for _, wr := range rec.All() {
+				if !slices.Contains(tc.wrote, wr.Bucket) {
+					t.Errorf("a composer without the lease wrote %s", wr)
+				}
+			}
+			after, _, err := s.w.Assignment(t, "ace")
+			ct.Must(t, err)
+			if !proto.Equal(before, after) {
+				t.Error("the assignment changed")
+			}
+		})
 	}
 }

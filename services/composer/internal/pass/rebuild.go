@@ -65,7 +65,10 @@ func (p *Passer) rebuildHeld(ctx context.Context, st *nodeState, prev *typev1.Wa
 	if err := p.holdObjects(ctx, st.spec.GetNode(), it); err != nil {
 		return nil, err
 	}
-	signed, err := p.cfg.Signer.SignCompositions(ctx, []*typev1.Composition{it.comp})
+	if err := p.stillHolds(st); err != nil {
+		return nil, fmt.Errorf("%s: not signed again: %w", it.key, err)
+	}
+	signed, err := p.cfg.Signer.SignCompositions(ctx, st.epoch, []*typev1.Composition{it.comp})
 	if err != nil {
 		return nil, fmt.Errorf("%s: sign the held composition again: %w", it.key, err)
 	}

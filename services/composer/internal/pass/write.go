@@ -20,6 +20,7 @@ import (
 	"mesh.dev/internal/names"
 	"mesh.dev/internal/natsx"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	signerv1 "mesh.dev/proto/mesh/signer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 	"mesh.dev/services/composer/internal/compose"
 	"mesh.dev/services/composer/internal/store"
@@ -232,7 +233,8 @@ func (p *Passer) verifyHeld(env *typev1.Envelope, key string, current bool) (*ty
 // that differ are signed in one batch, then the modules' compositions are
 // written (CAS) and judged, each keeping its judgement record, and last the
 // node's own — not written when a module's composition of this pass failed.
-func (p *Passer) write(ctx context.Context, node string, work []*item, jc *judging, fail func(error)) {
+func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *judging, fail func(error)) {
+	node := st.spec.GetNode()
 	moduleFailed := false
 	failed := func(it *item, err error) {
 		it.err = err
@@ -262,10 +264,16 @@ func (p *Passer) write(ctx context.Context, node string, work []*item, jc *judgi
 		for i, it := range toSign {
 			comps[i], keys[i] = it.comp, it.key
 		}
-		if p.hooks.beforeSign != nil {
-			p.hooks.beforeSign(keys)
+		// The signer refuses a request of an older tenure; the local check
+		// spares it one this composer already knows is.
+		err := p.stillHolds(st)
+		var signed []*signerv1.SignedItem
+		if err == nil {
+			if p.hooks.beforeSign != nil {
+				p.hooks.beforeSign(keys)
+			}
+			signed, err = p.cfg.Signer.SignCompositions(ctx, st.epoch, comps)
 		}
-		signed, err := p.cfg.Signer.SignCompositions(ctx, comps)
 		if err != nil {
 			for _, it := range toSign {
 				it.err = fmt.Errorf("%s: sign: %w; not written", it.key, err)

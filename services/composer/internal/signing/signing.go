@@ -1,7 +1,8 @@
-// Package signing is the composer's client of the signer: it carries the
-// lease's fencing epoch on every request, and gathers the requests of node
-// passes running at once into batches of at most lint.MaxBatch items, since
-// the signer fsyncs two audit records per request whatever its size.
+// Package signing is the composer's client of the signer: every request
+// carries the fencing epoch of the lease tenure its callers started under,
+// and the requests of node passes running at once are gathered into batches
+// of at most lint.MaxBatch items of one epoch, since the signer fsyncs two
+// audit records per request whatever its size.
 package signing
 
 import (
@@ -32,22 +33,21 @@ type Client interface {
 // callTimeout bounds one request to the signer.
 const callTimeout = 30 * time.Second
 
-// Signer signs with the current fencing epoch.
+// Signer signs for the lease holder.
 type Signer struct {
 	client       Client
-	epoch        func() uint64
 	tracer       trace.Tracer
 	compositions *batcher[*typev1.Composition, *signerv1.SignedItem]
 	manifests    *batcher[*signerv1.ManifestItem, *signerv1.SignedManifest]
 }
 
-// New returns a Signer; epoch reads the lease's current epoch. Each sign
-// call is a span of tracer (a no-op one when nil).
-func New(client Client, epoch func() uint64, tracer trace.Tracer) *Signer {
+// New returns a Signer. Each sign call is a span of tracer (a no-op one
+// when nil).
+func New(client Client, tracer trace.Tracer) *Signer {
 	if tracer == nil {
 		tracer = noop.NewTracerProvider().Tracer("")
 	}
-	s := &Signer{client: client, epoch: epoch, tracer: tracer}
+	s := &Signer{client: client, tracer: tracer}
 	s.compositions = &batcher[*typev1.Composition, *signerv1.SignedItem]{tracer: tracer, name: "compositions", send: s.sendCompositions,
 		inFlight: make(chan struct{}, maxInFlight)}
 	s.manifests = &batcher[*signerv1.ManifestItem, *signerv1.SignedManifest]{tracer: tracer, name: "manifests", send: s.sendManifests,
@@ -64,20 +64,24 @@ func (s *Signer) Fence(ctx context.Context, holder string) (uint64, error) {
 	return resp.GetEpoch(), nil
 }
 
-// SignCompositions signs compositions, in batches shared with the other
-// passes signing at the same time.
-func (s *Signer) SignCompositions(ctx context.Context, comps []*typev1.Composition) ([]*signerv1.SignedItem, error) {
-	return s.compositions.do(ctx, "composer.sign.compositions", comps)
+// SignCompositions signs compositions under a fencing epoch — the one of
+// the lease tenure the caller's pass started under, never the lease's
+// current one: a pass that outlived its tenure is refused by the signer.
+// The compositions go in batches shared with the other passes of the same
+// epoch signing at the same time.
+func (s *Signer) SignCompositions(ctx context.Context, epoch uint64, comps []*typev1.Composition) ([]*signerv1.SignedItem, error) {
+	return s.compositions.do(ctx, "composer.sign.compositions", epoch, comps)
 }
 
-// SignManifests signs manifests, in batches shared with the other passes
-// signing at the same time.
-func (s *Signer) SignManifests(ctx context.Context, items []*signerv1.ManifestItem) ([]*signerv1.SignedManifest, error) {
-	return s.manifests.do(ctx, "composer.sign.manifests", items)
+// SignManifests signs manifests under a fencing epoch (as SignCompositions),
+// in batches shared with the other passes of that epoch signing at the same
+// time.
+func (s *Signer) SignManifests(ctx context.Context, epoch uint64, items []*signerv1.ManifestItem) ([]*signerv1.SignedManifest, error) {
+	return s.manifests.do(ctx, "composer.sign.manifests", epoch, items)
 }
 
-func (s *Signer) sendCompositions(ctx context.Context, comps []*typev1.Composition) ([]*signerv1.SignedItem, error) {
-	resp, err := s.client.SignCompositions(ctx, &signerv1.SignCompositionsRequest{FencingEpoch: s.epoch(), Compositions: comps})
+func (s *Signer) sendCompositions(ctx context.Context, epoch uint64, comps []*typev1.Composition) ([]*signerv1.SignedItem, error) {
+	resp, err := s.client.SignCompositions(ctx, &signerv1.SignCompositionsRequest{FencingEpoch: epoch, Compositions: comps})
 	if err != nil {
 		return nil, err
 	}
@@ -87,8 +91,8 @@ func (s *Signer) sendCompositions(ctx context.Context, comps []*typev1.Compositi
 	return resp.GetItems(), nil
 }
 
-func (s *Signer) sendManifests(ctx context.Context, items []*signerv1.ManifestItem) ([]*signerv1.SignedManifest, error) {
-	resp, err := s.client.SignManifests(ctx, &signerv1.SignManifestsRequest{FencingEpoch: s.epoch(), Manifests: items})
+func (s *Signer) sendManifests(ctx context.Context, epoch uint64, items []*signerv1.ManifestItem) ([]*signerv1.SignedManifest, error) {
+	resp, err := s.client.SignManifests(ctx, &signerv1.SignManifestsRequest{FencingEpoch: epoch, Manifests: items})
 	if err != nil {
 		return nil, err
 	}
@@ -98,15 +102,17 @@ func (s *Signer) sendManifests(ctx context.Context, items []*signerv1.ManifestIt
 	return resp.GetManifests(), nil
 }
 
-// batcher gathers calls into requests of at most lint.MaxBatch items. One
-// request is in flight at a time; the calls arriving meanwhile make the next
-// one, so an idle composer signs at once and a busy one in few requests.
+// batcher gathers calls of one fencing epoch into requests of at most
+// lint.MaxBatch items. While requests are in flight the calls arriving
+// meanwhile make the next one, so an idle composer signs at once and a busy
+// one in few requests. A request never mixes epochs: each call is signed
+// under the epoch it asked for or refused.
 // When a request with several calls fails, each call is sent again alone,
 // so a node whose composition the signer refuses fails only itself.
 type batcher[I, O any] struct {
 	tracer trace.Tracer
 	name   string
-	send   func(ctx context.Context, items []I) ([]O, error)
+	send   func(ctx context.Context, epoch uint64, items []I) ([]O, error)
 
 	mu      sync.Mutex
 	queue   []*call[I, O]
@@ -124,16 +130,18 @@ const maxInFlight = 4
 type call[I, O any] struct {
 	ctx   context.Context
 	span  trace.Span
+	epoch uint64
 	items []I
 	out   []O
 	err   error
 	done  chan struct{}
 }
 
-func (b *batcher[I, O]) do(ctx context.Context, spanName string, items []I) ([]O, error) {
-	ctx, span := b.tracer.Start(ctx, spanName, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attribute.Int("mesh.items", len(items))))
+func (b *batcher[I, O]) do(ctx context.Context, spanName string, epoch uint64, items []I) ([]O, error) {
+	ctx, span := b.tracer.Start(ctx, spanName, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+		attribute.Int("mesh.items", len(items)), attribute.Int64("mesh.fencing_epoch", int64(epoch))))
 	defer span.End()
-	c := &call[I, O]{ctx: ctx, span: span, items: items, done: make(chan struct{})}
+	c := &call[I, O]{ctx: ctx, span: span, epoch: epoch, items: items, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
 	if !b.running {
@@ -160,7 +168,9 @@ func (b *batcher[I, O]) do(ctx context.Context, spanName string, items []I) ([]O
 
 // loop sends the queued calls until none is left, with at most maxInFlight
 // requests outstanding: it takes a batch only once a slot is free, so calls
-// arriving meanwhile join the next batch.
+// arriving meanwhile join the next batch. A batch is the first queued call
+// and the calls after it of the same epoch that fit; the others keep their
+// place in the queue.
 func (b *batcher[I, O]) loop() {
 	for {
 		b.inFlight <- struct{}{}
@@ -171,14 +181,19 @@ func (b *batcher[I, O]) loop() {
 			<-b.inFlight
 			return
 		}
-		n := len(b.queue[0].items)
-		take := 1
-		for take < len(b.queue) && n+len(b.queue[take].items) <= lint.MaxBatch {
-			n += len(b.queue[take].items)
-			take++
+		first := b.queue[0]
+		batch := []*call[I, O]{first}
+		rest := b.queue[:0:0]
+		n := len(first.items)
+		for _, c := range b.queue[1:] {
+			if c.epoch == first.epoch && n+len(c.items) <= lint.MaxBatch {
+				batch = append(batch, c)
+				n += len(c.items)
+				continue
+			}
+			rest = append(rest, c)
 		}
-		batch := b.queue[:take:take]
-		b.queue = b.queue[take:]
+		b.queue = rest
 		b.mu.Unlock()
 		go func() {
 			defer func() { <-b.inFlight }()
@@ -202,7 +217,7 @@ func (b *batcher[I, O]) dispatch(batch []*call[I, O]) {
 	ctx, span := b.tracer.Start(context.WithoutCancel(batch[0].ctx), "composer.sign.batch", trace.WithLinks(links...),
 		trace.WithAttributes(attribute.String("mesh.kind", b.name), attribute.Int("mesh.calls", len(batch)), attribute.Int("mesh.items", len(items))))
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
-	out, err := b.send(ctx, items)
+	out, err := b.send(ctx, batch[0].epoch, items)
 	cancel()
 	if err != nil {
 		span.RecordError(err)
@@ -226,7 +241,7 @@ func (b *batcher[I, O]) sendAlone(c *call[I, O]) {
 	for start := 0; start < len(c.items); start += lint.MaxBatch {
 		stop := min(start+lint.MaxBatch, len(c.items))
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), callTimeout)
-		out, err := b.send(ctx, c.items[start:stop])
+		out, err := b.send(ctx, c.epoch, c.items[start:stop])
 		cancel()
 		if err != nil {
 			c.out, c.err = nil, err
