@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc"
 
 	"mesh.dev/internal/identity"
 	"mesh.dev/internal/natsx"
@@ -269,11 +272,14 @@ func newSecondPasser(t testing.TB, w *ct.World, c *ct.Composer) *pass.Passer {
 // TestLeaseTakeover covers DESIGN.md §5.2 step 9 across processes: after
 // the holder is killed, a second composer process takes over within the
 // lease TTL of the holder's last renewal, with a higher fencing epoch; a
-// holder paused (SIGSTOP) past its lease signs nothing once its successor
-// fenced.
+// holder paused (SIGSTOP) mid-pass with sign requests in flight has every
+// one of them refused by the signer once its successor fenced, and signs
+// nothing after.
 func TestLeaseTakeover(t *testing.T) {
 	t.Parallel()
-	w := ct.New(t)
+	held := newSignHold()
+	t.Cleanup(func() { held.release() })
+	w := ct.New(t, ct.Options{SignerServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(held.intercept)}})
 	a := w.StartChild(t, "a", childTTL, 4)
 	ra, _ := waitHolder(t, w, "a", 30*time.Second)
 	b := w.StartChild(t, "b", childTTL, 4)
@@ -312,34 +318,111 @@ func TestLeaseTakeover(t *testing.T) {
 		w.Converged(t, n, map[string]string{"motd": fp})
 	}
 
-	// b pauses while work is under way; c takes over and fences; b
-	// resumes: nothing it asks the signer to sign is signed.
+	// b pauses mid-pass, its sign requests in flight: the signer holds
+	// each request b makes under its epoch before judging it, and b is
+	// stopped (SIGSTOP) while they wait. c takes over and fences. Then
+	// the held requests go on and b resumes: the signer refuses every one
+	// of them, and signs nothing under b's epoch after c's fence.
+	held.arm(rb.Epoch)
 	fp2 := w.Release(t, ct.Motd("2.0"), nil)
+	held.waitCaught(t)
 	b.Signal(syscall.SIGSTOP)
 	c := w.StartComposer(t, "c", ct.WithLeaseTTL(childTTL))
 	rc, _ := waitHolder(t, w, "c", 3*childTTL)
-	for _, n := range nodes {
-		w.Converged(t, n, map[string]string{"motd": fp2})
-	}
+	n := held.release()
 	b.Signal(syscall.SIGCONT)
-	// b's passes under way run into the fence; its renewal fails on c's
-	// key. Nothing it asks for is signed after c's fence.
+	for _, node := range nodes {
+		w.Converged(t, node, map[string]string{"motd": fp2})
+	}
 	ct.WaitFor(t, "c keeps the lease", 10*time.Second, func() (bool, string) {
 		r, _, ok := lease(t, w)
 		return ok && r.Holder == "c", "not yet"
 	})
-	fenced := false
+	refusal := fmt.Sprintf("fencing epoch %d is below the signer's %d", rb.Epoch, rc.Epoch)
+	fenced, refused := false, 0
 	for _, r := range auditLog(t, w) {
-		if r.Kind == "fence" && r.Epoch == rc.Epoch {
+		switch {
+		case r.Kind == "fence" && r.Epoch == rc.Epoch:
 			fenced = true
-			continue
-		}
-		if fenced && r.Kind == "signed" && r.Epoch < rc.Epoch {
+		case fenced && r.Kind == "refused" && strings.Contains(r.Reason, refusal):
+			refused++
+		case fenced && r.Kind == "signed" && r.Epoch < rc.Epoch:
 			t.Errorf("signed under epoch %d after epoch %d was handed out: %+v", r.Epoch, rc.Epoch, r)
 		}
 	}
 	if !fenced {
-		t.Error("c's fence is not in the audit log")
+		t.Fatal("c's fence is not in the audit log")
 	}
+	if refused < n {
+		t.Errorf("%d of b's %d held sign requests refused (%q)", refused, n, refusal)
+	}
+	t.Logf("%d sign requests of b held across c's fence, %d refused after it", n, refused)
 	_ = c
+}
+
+// signHold holds, in the signer's server, the sign requests made under one
+// fencing epoch until released: a composer whose requests are in flight
+// while it is paused.
+type signHold struct {
+	mu      sync.Mutex
+	epoch   uint64
+	armed   bool
+	held    int
+	caught  chan struct{}
+	resume  chan struct{}
+	release func() int
+}
+
+func newSignHold() *signHold {
+	h := &signHold{caught: make(chan struct{}), resume: make(chan struct{})}
+	var once sync.Once
+	h.release = func() int {
+		h.mu.Lock()
+		h.armed = false
+		n := h.held
+		h.mu.Unlock()
+		once.Do(func() { close(h.resume) })
+		return n
+	}
+	return h
+}
+
+func (h *signHold) arm(epoch uint64) {
+	h.mu.Lock()
+	h.epoch, h.armed = epoch, true
+	h.mu.Unlock()
+}
+
+func (h *signHold) waitCaught(t testing.TB) {
+	t.Helper()
+	select {
+	case <-h.caught:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no sign request under the armed epoch arrived")
+	}
+}
+
+func (h *signHold) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	var epoch uint64
+	switch r := req.(type) {
+	case *signerv1.SignCompositionsRequest:
+		epoch = r.GetFencingEpoch()
+	case *signerv1.SignManifestsRequest:
+		epoch = r.GetFencingEpoch()
+	default:
+		return handler(ctx, req)
+	}
+	h.mu.Lock()
+	hold := h.armed && epoch == h.epoch
+	if hold {
+		h.held++
+		if h.held == 1 {
+			close(h.caught)
+		}
+	}
+	h.mu.Unlock()
+	if hold {
+		<-h.resume
+	}
+	return handler(ctx, req)
 }

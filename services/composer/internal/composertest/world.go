@@ -58,6 +58,9 @@ type Options struct {
 	ManifestLifetime time.Duration
 	// SyncAlways fsyncs every JetStream write, as the embedded default does.
 	SyncAlways bool
+	// SignerServerOptions are added to the signer's gRPC server (their
+	// interceptors run inside authorization, before the handler).
+	SignerServerOptions []grpc.ServerOption
 }
 
 // World is a catalog, a signer and an embedded JetStream over real mTLS.
@@ -195,7 +198,7 @@ func New(t testing.TB, opts ...Options) *World {
 		ManifestLifetime: config.Duration(o.ManifestLifetime),
 	}
 	sig, err := signerapp.New(context.Background(), scfg, signerapp.Options{Logger: Logger(t), Listener: slis, TracerProvider: o.TracerProvider,
-		ServerTLS: w.PKI.ServerTLS(t, w.PKI.Identity(identity.RoleSigner, "")), Catalog: signerCatalog})
+		ServerTLS: w.PKI.ServerTLS(t, w.PKI.Identity(identity.RoleSigner, "")), Catalog: signerCatalog, ServerOptions: o.SignerServerOptions})
 	Must(t, err)
 	serve(t, "signer", func(ctx context.Context) error { return sig.Serve(ctx, nil) })
 
