@@ -117,14 +117,42 @@ func TestPlanApply(t *testing.T) {
 		ct.WaitFor(t, "revocation seen", 10*time.Second, func() (bool, string) {
 			return len(c.Reconciler.Approvals()) == 0, "not yet"
 		})
+		rec := w.RecordWrites(t, allBuckets...)
 		resp, err := op.Apply(ctx, &composerv1.ApplyRequest{Nodes: []*composerv1.NodePlan{np}})
 		ct.Must(t, err)
 		if len(resp.GetStale()) != 1 || !strings.Contains(resp.GetStale()[0].GetReason(), "approvals") {
 			t.Errorf("Apply after the approval went: %v", resp)
 		}
+		// Stale before anything is written: the new composition the plan
+		// showed is not signed or written, nor its record, nor status.
+		if got := rec.All(); len(got) != 0 {
+			t.Errorf("a stale Apply wrote %v", got)
+		}
 		a, _, _ := w.Assignment(t, "ace")
 		if ct.Want(a, "motd").GetFingerprint() == v2 {
 			t.Error("the move went without its approval")
+		}
+
+		// The other way: a plan showed the move held, then an approval
+		// lets it through. Applying the plan would commit what it did not
+		// show: stale, nothing written.
+		_, held := planned(t, op, "ace", "motd")
+		if len(held.GetHolds()) != 1 {
+			t.Fatalf("holds %v", held.GetHolds())
+		}
+		_, err = op.Approve(ctx, &composerv1.ApproveRequest{Module: "motd", Digests: []string{cp.GetDigest()}})
+		ct.Must(t, err)
+		ct.WaitFor(t, "approval seen", 10*time.Second, func() (bool, string) {
+			return len(c.Reconciler.Approvals()) == 1, "not yet"
+		})
+		mark := rec.Mark()
+		resp, err = op.Apply(ctx, &composerv1.ApplyRequest{Nodes: []*composerv1.NodePlan{held}})
+		ct.Must(t, err)
+		if len(resp.GetStale()) != 1 || !strings.Contains(resp.GetStale()[0].GetReason(), "planned with approvals [], now [ap-") {
+			t.Errorf("Apply of a plan made before an approval: %v", resp)
+		}
+		if got := rec.Since(mark); len(got) != 0 {
+			t.Errorf("a stale Apply wrote %v", got)
 		}
 	})
 

@@ -301,6 +301,13 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	}
 	work := p.prepare(ctx, node, keys, split.Compositions, st)
 	jc := p.judging(ctx, st, work, manifests)
+	if expect != nil {
+		// Every input of the plan is checked before anything is written:
+		// the approvals it counted on are decided as the commit would.
+		if approvals, ok := p.approvalsNow(ctx, st, work, jc, builds, fpHolds); ok && !slices.Equal(expect.GetApprovals(), approvals) {
+			return res, staleApprovals(node, expect.GetApprovals(), approvals)
+		}
+	}
 	if mode == Write {
 		p.write(ctx, st, work, jc, fail)
 	} else {
@@ -327,9 +334,11 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	}
 	res.Inputs.Approvals = approvals
 	if expect != nil && !slices.Equal(expect.GetApprovals(), approvals) {
-		// An approval the plan counted on went, or a new one lets a move
-		// through that the plan did not show.
-		return res, fmt.Errorf("%w for node %s: planned with approvals %v, now %v", ErrStale, node, expect.GetApprovals(), approvals)
+		// The approvals moved while the compositions were written: those
+		// writes stand (derived, and the next pass keeps them), the
+		// assignment is not committed.
+		p.finish(ctx, st, res, nil)
+		return res, staleApprovals(node, expect.GetApprovals(), approvals)
 	}
 	res.Wants, res.Holds = wants, holds
 	changes, resign := p.needsCommit(st, wants, holds, split.Moved)
@@ -358,6 +367,32 @@ func (p *Passer) stillHolds(st *nodeState) error {
 		return fmt.Errorf("%w (epoch %d; the lease is held in epoch %d now)", ErrTenureEnded, st.epoch, epoch)
 	}
 	return nil
+}
+
+// approvalsNow decides, without writing, which approvals the node's wants
+// would use now (what the commit records as an input): the compositions
+// are judged and assigned as a Plan does. ok is false when the assigner
+// cannot decide (the pass fails on the same error without committing).
+func (p *Passer) approvalsNow(ctx context.Context, st *nodeState, work []*item, jc *judging, builds map[string]*catalogBuild, fpHolds []fpHold) ([]string, bool) {
+	clean := make([]*item, 0, len(work))
+	for _, it := range work {
+		if it.err == nil {
+			jc.judge(ctx, it)
+			clean = append(clean, it)
+		}
+	}
+	mode := st.mode
+	st.mode = Plan
+	defer func() { st.mode = mode }()
+	_, _, approvals, err := p.assign(ctx, st, clean, builds, fpHolds)
+	return approvals, err == nil
+}
+
+// staleApprovals is the ErrStale of an Apply whose approvals moved: an
+// approval the plan counted on went, or a new one lets a move through that
+// the plan did not show.
+func staleApprovals(node string, planned, now []string) error {
+	return fmt.Errorf("%w for node %s: planned with approvals %v, now %v", ErrStale, node, planned, now)
 }
 
 func sameInputs(a, b *composerv1.AssignmentInputs) bool {
