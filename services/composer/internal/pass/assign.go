@@ -43,7 +43,7 @@ func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds
 		m := it.comp.GetModule()
 		b := builds[m]
 		nw := &typev1.Want{Module: m, Fingerprint: it.comp.GetFingerprint(), Parts: sortedParts(b.parts), CompositionKey: it.key, CompositionDigest: it.digest}
-		prev := wantOf(st.assignment, m)
+		prev := st.prevWant(m)
 		if prev != nil && prev.GetCompositionKey() == nw.GetCompositionKey() && prev.GetCompositionDigest() == nw.GetCompositionDigest() {
 			wants = append(wants, nw)
 			content[it.key] = it.comp

@@ -173,6 +173,25 @@ type nodeState struct {
 	// epoch is the fencing epoch of the lease tenure a Write pass started
 	// under: every sign request of the pass carries it.
 	epoch uint64
+	// corruptAssignment is set when the assignment held a value that does
+	// not decode: it counts as present with no content (asgRev is its
+	// revision, so the commit replaces it by CAS), and the wants the
+	// engine reports applied stand in for its wants (recovered).
+	corruptAssignment bool
+	recovered         map[string]*typev1.Want
+	// problems are what the pass met that the node's status reports
+	// without failing the pass (a haves record that does not decode).
+	problems []error
+}
+
+// prevWant is the want the node holds for a module: its assignment's, or,
+// when the assignment does not decode, the one recovered from what the
+// engine reports applied.
+func (st *nodeState) prevWant(module string) *typev1.Want {
+	if st.corruptAssignment {
+		return st.recovered[module]
+	}
+	return wantOf(st.assignment, module)
 }
 
 func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
@@ -184,13 +203,62 @@ func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
 		}
 		return nil, err
 	}
+	// A value that does not decode comes back with its revision and an
+	// error; one that cannot be read, with revision 0.
 	if st.assignment, st.asgRev, err = p.cfg.Store.Assignment(ctx, node); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("read assignment of %s: %w", node, err)
+		if st.asgRev == 0 {
+			return nil, fmt.Errorf("read assignment of %s: %w", node, err)
+		}
+		// Like a composition that does not decode: present with no
+		// content, never trusted, re-derived and replaced by CAS at its
+		// revision. The signer's own last revision of the node keeps the
+		// new manifest's revision above any it signed before.
+		st.assignment, st.corruptAssignment = nil, true
+		p.cfg.Logger.WarnContext(ctx, "the assignment does not decode; re-deriving it", "node", node, "revision", st.asgRev, "error", err)
 	}
 	if st.haves, st.havesRev, err = p.cfg.Store.Have(ctx, node); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("read haves of %s: %w", node, err)
+		if st.havesRev == 0 {
+			return nil, fmt.Errorf("read haves of %s: %w", node, err)
+		}
+		// No haves known: judged as if the engine reported nothing, until
+		// its next report replaces the record.
+		st.haves = nil
+		st.problems = append(st.problems, fmt.Errorf("the haves record of %s (r%d) does not decode (%v): judged as if the engine reported nothing until it reports again", node, st.havesRev, err))
 	}
 	return st, nil
+}
+
+// recoverWants stands in for the wants of an assignment that does not
+// decode: each module the engine reports applied, at a fingerprint that is
+// still usable, counts as wanted at the key and digest it applied, so a
+// move the policy holds keeps the node on what it runs instead of dropping
+// the module. The assigner still checks each is held and verifies.
+func (p *Passer) recoverWants(ctx context.Context, st *nodeState) error {
+	node := st.spec.GetNode()
+	placed := map[string]bool{}
+	for _, pm := range st.spec.GetModules() {
+		placed[pm.GetModule()] = true
+	}
+	st.recovered = map[string]*typev1.Want{}
+	for _, h := range st.haves.GetHaves() {
+		m, ref := h.GetModule(), h.GetApplied()
+		if !placed[m] || ref.GetDigest() == "" {
+			continue
+		}
+		if key, err := names.CompositionKey(node, m, ref.GetFingerprint()); err != nil || key != ref.GetKey() {
+			continue
+		}
+		_, build, why, err := p.usable(ctx, m, ref.GetFingerprint())
+		if err != nil {
+			return err
+		}
+		if why != "" {
+			continue
+		}
+		st.recovered[m] = &typev1.Want{Module: m, Fingerprint: ref.GetFingerprint(), Parts: sortedParts(build.parts),
+			CompositionKey: ref.GetKey(), CompositionDigest: ref.GetDigest()}
+	}
+	return nil
 }
 
 func wantOf(a *composerv1.Assignment, module string) *typev1.Want {
@@ -257,6 +325,12 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 		return res, nil
 	}
 
+	if st.corruptAssignment {
+		if err := p.recoverWants(ctx, st); err != nil {
+			fail(fmt.Errorf("node %s: %w", node, err))
+			return done(nil)
+		}
+	}
 	modules, fps, manifests, builds, fpHolds, err := p.resolve(ctx, st)
 	if err != nil {
 		fail(fmt.Errorf("node %s: %w", node, err))
@@ -442,7 +516,7 @@ func (p *Passer) resolve(ctx context.Context, st *nodeState) (map[string]compose
 		waiting := why != "" && build == nil && rel == nil && names.HasFingerprint(registered) && p.buildPending(ctx, registered)
 		fp := registered
 		if why != "" {
-			prev := wantOf(st.assignment, m)
+			prev := st.prevWant(m)
 			fp = ""
 			if prev != nil && prev.GetFingerprint() != registered {
 				prel, pbuild, pwhy, perr := p.usable(ctx, m, prev.GetFingerprint())
@@ -541,6 +615,7 @@ func renewAt(node string, m *typev1.Manifest) time.Time {
 func (p *Passer) needsCommit(st *nodeState, wants []*typev1.Want, holds []*composerv1.Hold, moved []string) (changes, resign bool) {
 	a := st.assignment
 	if a == nil {
+		// None yet, or one that does not decode.
 		return true, true
 	}
 	if !wantsEqual(a.GetWants(), wants) {
@@ -690,8 +765,9 @@ func (p *Passer) DeleteNode(ctx context.Context, node string) error {
 // would use now.
 func (p *Passer) Declaration(ctx context.Context, spec *composerv1.NodeSpec) (*composerv1.Declaration, error) {
 	st := &nodeState{spec: spec}
+	var rev uint64
 	var err error
-	if st.assignment, _, err = p.cfg.Store.Assignment(ctx, spec.GetNode()); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if st.assignment, rev, err = p.cfg.Store.Assignment(ctx, spec.GetNode()); err != nil && !errors.Is(err, store.ErrNotFound) && rev == 0 {
 		return nil, err
 	}
 	modules, _, _, _, _, err := p.resolve(ctx, st)

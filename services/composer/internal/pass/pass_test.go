@@ -471,3 +471,113 @@ func TestLeaseGuardsWrites(t *testing.T) {
 		})
 	}
 }
+
+// TestCorruptAssignment covers an assignment value that does not decode
+// (written straight into the bucket): like a composition that does not
+// decode it counts as present with no content. The next pass re-derives it
+// and replaces it by CAS at its revision, with a manifest revision above
+// the one it replaced (the signer's floor), and a move the policy holds
+// keeps the node on what its engine reports applied instead of dropping
+// the module.
+func TestCorruptAssignment(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	spec := ct.Spec("ace", "motd")
+	spec.Policies = map[string]*typev1.Policy{"motd": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "")}
+	s.c.PutNode(t, spec)
+	if res := s.c.Pass(t, "ace"); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	a1, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	// The engine runs v1; v2 comes and MANUAL holds it.
+	v1 := ct.Want(a1, "motd")
+	s.w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", HighWater: a1.GetManifestRevision(),
+		Applied: &composerv1.ManifestRef{Revision: a1.GetManifestRevision(), Digest: a1.GetManifestDigest()},
+		Haves:   []*composerv1.Have{{Module: "motd", Applied: &composerv1.AppliedRef{Fingerprint: v1.GetFingerprint(), Key: v1.GetCompositionKey(), Digest: v1.GetCompositionDigest()}}}})
+	v2 := s.w.Release(t, ct.Motd("2.0"), nil)
+	ct.WaitFor(t, "v2 seen", 10*time.Second, func() (bool, string) {
+		r, _ := s.c.View.Registration("motd")
+		return r.GetFingerprint() == v2, "not yet"
+	})
+
+	corrupt, err := s.w.KV(t, natsx.BucketAssignments).Put(context.Background(), "ace", []byte("\xff\xffnot an assignment"))
+	ct.Must(t, err)
+	rec := s.w.RecordWrites(t, natsx.BucketAssignments)
+	res := s.c.Pass(t, "ace")
+	if res.Err != nil || !res.Committed {
+		t.Fatalf("the pass after a corrupt assignment: committed %v, %v", res.Committed, res.Err)
+	}
+	writes := rec.All()
+	if len(writes) != 1 || writes[0].Expected != fmt.Sprint(corrupt) {
+		t.Errorf("assignment writes %v, want one Update at the corrupt value's r%d", writes, corrupt)
+	}
+	a2, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	if _, err := s.w.CheckAssignment(t, a2); err != nil {
+		t.Fatal(err)
+	}
+	if a2.GetManifestRevision() <= a1.GetManifestRevision() {
+		t.Errorf("manifest revision went from %d to %d", a1.GetManifestRevision(), a2.GetManifestRevision())
+	}
+	if w := ct.Want(a2, "motd"); w.GetCompositionDigest() != v1.GetCompositionDigest() {
+		t.Errorf("motd wanted at %v, want the applied v1 %s kept while v2 is held", w, v1.GetCompositionDigest())
+	}
+	if len(a2.GetHolds()) != 1 || a2.GetHolds()[0].GetFingerprint() != v2 {
+		t.Errorf("holds %v, want v2 held", a2.GetHolds())
+	}
+	// Repaired: the next pass has nothing to do.
+	if res := s.c.Pass(t, "ace"); res.Err != nil || res.Changes {
+		t.Errorf("the pass after the repair: changes %v, %v", res.Changes, res.Err)
+	}
+}
+
+// TestCorruptHaves covers a haves record that does not decode: no haves
+// are known, so each composition is judged NEW, the pass goes on, and the
+// node's status says so until the engine reports again.
+func TestCorruptHaves(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	a1, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	v1 := ct.Want(a1, "motd")
+	good := &composerv1.HaveRecord{Node: "ace", HighWater: a1.GetManifestRevision(),
+		Applied: &composerv1.ManifestRef{Revision: a1.GetManifestRevision(), Digest: a1.GetManifestDigest()},
+		Haves:   []*composerv1.Have{{Module: "motd", Applied: &composerv1.AppliedRef{Fingerprint: v1.GetFingerprint(), Key: v1.GetCompositionKey(), Digest: v1.GetCompositionDigest()}}}}
+	v2 := s.w.Release(t, ct.Motd("2.0"), nil)
+	ct.WaitFor(t, "v2 seen", 10*time.Second, func() (bool, string) {
+		r, _ := s.c.View.Registration("motd")
+		return r.GetFingerprint() == v2, "not yet"
+	})
+	_, err = s.w.KV(t, natsx.BucketHaves).Put(context.Background(), "ace", []byte("\xff\xffnot a haves record"))
+	ct.Must(t, err)
+	res := s.c.Pass(t, "ace")
+	if res.Err != nil || !res.Committed {
+		t.Fatalf("the pass with corrupt haves: committed %v, %v", res.Committed, res.Err)
+	}
+	if j := res.Compositions[0].Judged; j.Judgement != composerv1.Judgement_JUDGEMENT_NEW {
+		t.Errorf("v2 judged %v (%s) with no haves known, want NEW", j.Judgement, j.Words)
+	}
+	st := &composerv1.NodeStatus{}
+	_, err = s.w.Get(t, natsx.BucketStatus, "ace", st)
+	ct.Must(t, err)
+	if !strings.Contains(st.GetLastError(), "the haves record of ace") || !strings.Contains(st.GetLastError(), "does not decode") {
+		t.Errorf("status last error %q, want the haves record named", st.GetLastError())
+	}
+
+	// The engine reports again: judged against what it applied, and the
+	// status no longer names the haves.
+	s.w.Put(t, natsx.BucketHaves, "ace", good)
+	res = s.c.Pass(t, "ace")
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if j := res.Compositions[0].Judged; j.Judgement != composerv1.Judgement_JUDGEMENT_CHANGES || j.Against != v1.GetCompositionDigest() {
+		t.Errorf("v2 judged %v against %s once haves are known, want CHANGES against v1", j.Judgement, j.Against)
+	}
+	_, err = s.w.Get(t, natsx.BucketStatus, "ace", st)
+	ct.Must(t, err)
+	if st.GetLastError() != "" {
+		t.Errorf("status still says %q", st.GetLastError())
+	}
+}

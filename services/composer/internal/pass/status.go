@@ -97,7 +97,7 @@ func sameStatus(a, b *composerv1.NodeStatus) bool {
 }
 
 func (p *Passer) writeStatus(ctx context.Context, st *nodeState, res *Result, asg *composerv1.Assignment) error {
-	return p.putStatus(ctx, res.Node, asg, st.haves, res.Err)
+	return p.putStatus(ctx, res.Node, asg, st.haves, errors.Join(append([]error{res.Err}, st.problems...)...))
 }
 
 func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, lastErr error) error {
@@ -126,8 +126,8 @@ func (p *Passer) RefreshStatus(ctx context.Context, node string) error {
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	haves, _, err := p.cfg.Store.Have(ctx, node)
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
+	haves, rev, err := p.cfg.Store.Have(ctx, node)
+	if err != nil && !errors.Is(err, store.ErrNotFound) && rev == 0 {
 		return err
 	}
 	prev, _, err := p.cfg.Store.NodeStatus(ctx, node)
@@ -135,5 +135,7 @@ func (p *Passer) RefreshStatus(ctx context.Context, node string) error {
 	if err == nil && prev.GetLastError() != "" {
 		lastErr = errors.New(prev.GetLastError())
 	}
+	// A haves record that does not decode counts as none; the last pass's
+	// status says so.
 	return p.putStatus(ctx, node, asg, haves, lastErr)
 }
