@@ -27,6 +27,7 @@ const maxFollows = 3
 // applied and what each key held before this pass wrote.
 type judging struct {
 	p         *Passer
+	st        *nodeState
 	spec      *composerv1.NodeSpec
 	haves     *composerv1.HaveRecord
 	manifests map[string]*typev1.ModuleManifest
@@ -54,7 +55,7 @@ func (jc *judging) useMirror(ctx context.Context) bool {
 }
 
 func (p *Passer) judging(ctx context.Context, st *nodeState, work []*item, manifests map[string]*typev1.ModuleManifest) *judging {
-	jc := &judging{p: p, spec: st.spec, haves: st.haves, manifests: manifests,
+	jc := &judging{p: p, st: st, spec: st.spec, haves: st.haves, manifests: manifests,
 		before: map[string]*typev1.Composition{}, beforeDigest: map[string]string{}}
 	for _, it := range work {
 		if it.beforeHeld != nil {
@@ -215,6 +216,7 @@ func (p *Passer) writeRecordSpan(ctx context.Context, it *item, jc *judging) (bo
 		next, err := p.cfg.Store.WriteRecord(ctx, it.key, want, it.recRev)
 		if err == nil {
 			it.rec, it.recRev, it.recSum = want, next, ""
+			jc.st.recorded(it.key)
 			return true, nil
 		}
 		if !errors.Is(err, store.ErrConflict) {
@@ -243,8 +245,12 @@ func (p *Passer) follow(ctx context.Context, it *item, jc *judging) error {
 		case obs.err != nil:
 			return fmt.Errorf("%s: re-read: %w", it.key, obs.err)
 		case !obs.value:
-			if err := p.cfg.Store.Composed.Delete(ctx, it.key); err != nil && !errors.Is(err, store.ErrNotFound) {
+			err := p.cfg.Store.Composed.Delete(ctx, it.key)
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
 				return fmt.Errorf("%s: delete the judgement of a deleted composition: %w", it.key, err)
+			}
+			if err == nil {
+				jc.st.recorded(it.key)
 			}
 			return nil
 		}

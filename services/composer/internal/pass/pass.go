@@ -140,8 +140,13 @@ type Result struct {
 	// Waiting is set when a placed module waits for its registered
 	// fingerprint's build to be DONE.
 	Waiting bool
-	// Err joins every error of the pass.
-	Err error
+	// Err joins every error of the pass; Written and Records are the keys
+	// it wrote all the same (DESIGN.md §5.2 step 6), in the order written:
+	// compositions (a held composition rebuilt included) and judgement
+	// records (written or deleted).
+	Err     error
+	Written []string
+	Records []string
 }
 
 // ErrStale is returned by an Apply whose planned inputs moved.
@@ -165,9 +170,13 @@ type nodeState struct {
 	havesRev   uint64
 	// listed holds the node's module composition keys (<node>.*.*) that
 	// held a message (value or marker) when the pass began, nil when the
-	// listing failed; written the keys this pass wrote since.
-	listed  map[string]bool
-	written []string
+	// listing failed; written the composition keys this pass wrote since,
+	// in order, and writtenRev the revision of each write; records the
+	// judgement record keys it wrote or deleted.
+	listed     map[string]bool
+	written    []string
+	writtenRev map[string]uint64
+	records    []string
 	// mode is the pass's: a Plan rebuilds nothing.
 	mode Mode
 	// epoch is the fencing epoch of the lease tenure a Write pass started
@@ -182,6 +191,24 @@ type nodeState struct {
 	// problems are what the pass met that the node's status reports
 	// without failing the pass (a haves record that does not decode).
 	problems []error
+}
+
+// wrote notes a composition this pass wrote at rev.
+func (st *nodeState) wrote(key string, rev uint64) {
+	if st.writtenRev == nil {
+		st.writtenRev = map[string]uint64{}
+	}
+	if _, ok := st.writtenRev[key]; !ok {
+		st.written = append(st.written, key)
+	}
+	st.writtenRev[key] = rev
+}
+
+// recorded notes a judgement record this pass wrote or deleted.
+func (st *nodeState) recorded(key string) {
+	if !slices.Contains(st.records, key) {
+		st.records = append(st.records, key)
+	}
 }
 
 // prevWant is the want the node holds for a module: its assignment's, or,
@@ -319,6 +346,7 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	// run after every Write pass, even a failing one.
 	done := func(asg *composerv1.Assignment) (*Result, error) {
 		res.Err = errors.Join(errs...)
+		res.Written, res.Records = st.written, st.records
 		if mode == Write {
 			p.finish(ctx, st, res, asg)
 		}
@@ -713,11 +741,6 @@ func (p *Passer) finish(ctx context.Context, st *nodeState, res *Result, asg *co
 	}
 	if err := p.writeStatus(ctx, st, res, asg); err != nil {
 		p.cfg.Logger.WarnContext(ctx, "write status", "node", res.Node, "error", err)
-	}
-	for _, c := range res.Compositions {
-		if c.Written && c.Err == nil {
-			st.written = append(st.written, c.Key)
-		}
 	}
 	if err := p.prune(ctx, res.Node, asg, st); err != nil {
 		p.cfg.Logger.WarnContext(ctx, "prune", "node", res.Node, "error", err)

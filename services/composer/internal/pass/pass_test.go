@@ -581,3 +581,109 @@ func TestCorruptHaves(t *testing.T) {
 		t.Errorf("status still says %q", st.GetLastError())
 	}
 }
+
+// TestFailedPassNamesItsWrites covers DESIGN.md §5.2 step 6: a composition
+// that fails leaves the node's other modules written, the node's own is then
+// not written, and the errors are returned with the keys the pass wrote —
+// compositions and judgement records — exactly those the buckets stored.
+func TestFailedPassNamesItsWrites(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	sshd := s.w.Release(t, ct.SSHD("1.0", ""), nil)
+	motd := s.w.Release(t, ct.Motd("2.0"), nil)
+	ct.WaitFor(t, "releases seen", 10*time.Second, func() (bool, string) {
+		m, _ := s.c.View.Registration("motd")
+		d, _ := s.c.View.Registration("sshd")
+		return m.GetFingerprint() == motd && d.GetFingerprint() == sshd, "not yet"
+	})
+	s.c.PutNode(t, ct.Spec("ace", "motd", "sshd"))
+	motdKey := "ace.motd." + names.FingerprintHex(motd)
+	sshdKey := "ace.sshd." + names.FingerprintHex(sshd)
+	// Another writer gets to the new motd key before each of the pass's
+	// attempts: motd fails after its bounded retries.
+	pass.SetHooks(s.c.Passer, pass.Hooks{BeforeWrite: func(key string, attempt int) {
+		if key == motdKey {
+			if _, err := s.w.KV(t, natsx.BucketCompositions).Put(context.Background(), key, []byte(fmt.Sprintf("other %d", attempt))); err != nil {
+				t.Error(err)
+			}
+		}
+	}})
+	rec := s.w.RecordWrites(t, natsx.BucketCompositions, natsx.BucketComposed)
+	res := s.c.Pass(t, "ace")
+	for _, want := range []string{motdKey + ": write conflicted 4 times", "ace.node is not written: a module's composition of this pass was not"} {
+		if res.Err == nil || !strings.Contains(res.Err.Error(), want) {
+			t.Errorf("pass error %v, want %q", res.Err, want)
+		}
+	}
+	var compositions, records []string
+	for _, wr := range rec.All() {
+		switch {
+		case wr.Bucket == natsx.BucketComposed:
+			records = append(records, wr.Key)
+		case wr.Expected != "":
+			// The other writer's puts are blind; the pass's are CAS.
+			compositions = append(compositions, wr.Key)
+		}
+	}
+	if !slices.Equal(res.Written, []string{sshdKey}) || !slices.Equal(res.Written, compositions) {
+		t.Errorf("Written %v, the bucket stored %v; want [%s]", res.Written, compositions, sshdKey)
+	}
+	if !slices.Equal(res.Records, []string{sshdKey}) || !slices.Equal(res.Records, records) {
+		t.Errorf("Records %v, the bucket stored %v; want [%s]", res.Records, records, sshdKey)
+	}
+	if res.Committed {
+		t.Error("a failed pass committed")
+	}
+}
+
+// TestPruneOrdersByServerWrites covers the order of DESIGN.md §5.2 step 8:
+// a module's compositions are ordered by the server's order of their last
+// writes, the keys this pass wrote included — not by the composer's clock.
+// With the composer's clock half an hour behind the server's, the two keys
+// one pass writes (a held want's composition rebuilt, and a new composition
+// held by MANUAL) are still the newest: the oldest others go.
+func TestPruneOrdersByServerWrites(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	spec := ct.Spec("ace", "motd")
+	spec.Policies = map[string]*typev1.Policy{"motd": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "")}
+	s.c.PutNode(t, spec)
+	release := func(v int) string {
+		fp := s.w.Release(t, ct.Motd(fmt.Sprintf("%d.0", v)), nil)
+		ct.WaitFor(t, "registration seen", 10*time.Second, func() (bool, string) {
+			r, _ := s.c.View.Registration("motd")
+			return r.GetFingerprint() == fp, "not yet"
+		})
+		return "ace.motd." + names.FingerprintHex(fp)
+	}
+	keys := []string{s.key}
+	for v := 2; v <= 6; v++ {
+		keys = append(keys, release(v))
+		if res := s.c.Pass(t, "ace"); res.Err != nil || len(res.Holds) != 1 {
+			t.Fatalf("v%d: holds %v, %v", v, res.Holds, res.Err)
+		}
+	}
+	// v1 (wanted) lost its composition; v7 comes. The composer's clock is
+	// behind.
+	ct.Must(t, s.w.KV(t, natsx.BucketCompositions).Delete(context.Background(), s.key))
+	keys = append(keys, release(7))
+	pass.SetNow(s.c.Passer, func() time.Time { return time.Now().Add(-30 * time.Minute) })
+	res := s.c.Pass(t, "ace")
+	pass.SetNow(s.c.Passer, time.Now)
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if !slices.Contains(res.Written, keys[0]) || !slices.Contains(res.Written, keys[6]) {
+		t.Fatalf("the pass wrote %v, want v1 rebuilt and v7", res.Written)
+	}
+	held, err := s.w.KV(t, natsx.BucketCompositions).ListKeys(context.Background(), "ace.motd.*")
+	ct.Must(t, err)
+	// Last written: v1 and v7 (this pass), then v6, v5, v4 — the 5
+	// newest; v2 and v3 go. By the composer's clock v1 and v7 would be the
+	// oldest, and v7 (held, not wanted) would go.
+	for i, k := range keys {
+		if present := slices.Contains(held, k); present != (i != 1 && i != 2) {
+			t.Errorf("v%d held=%v", i+1, present)
+		}
+	}
+}

@@ -26,10 +26,11 @@ const markerAge = 30 * time.Minute
 // prune keeps a node's compositions bounded (DESIGN.md §5.2 step 8). It
 // lists only this node's keys (<node>.*.*): those the stream leader listed
 // when the pass began (one stream-info request, no consumer) and those the
-// pass wrote since, the newest. It looks up the last write of each key of a
+// pass wrote since. It looks up the last write of each other key of a
 // module with more than KeepPerModule keys, a lookup error skipping that
 // module. Of a module with more than KeepPerModule compositions it keeps the
-// newest plus any the node's wants or applied manifest name, and deletes
+// newest by the server's order of last writes (revision) plus any the
+// node's wants or applied manifest name, and deletes
 // each other one: its judgement record first, then the composition,
 // ignoring not-found. Keys that do not parse are never touched. Delete
 // markers pruning left behind are removed once old, so listings stay short.
@@ -58,10 +59,6 @@ func (p *Passer) prune(ctx context.Context, node string, asg *composerv1.Assignm
 		}
 		keys = listed
 	}
-	written := map[string]bool{}
-	for _, k := range st.written {
-		written[k] = true
-	}
 	keys = append(keys, st.written...)
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
@@ -71,15 +68,14 @@ func (p *Passer) prune(ctx context.Context, node string, asg *composerv1.Assignm
 			count[k.Module]++
 		}
 	}
-	now := p.cfg.Now()
 	for _, key := range keys {
 		k, err := names.ParseCompositionKey(key)
 		if err != nil || k.Node != node || k.IsNodeOwn() || count[k.Module] <= p.cfg.KeepPerModule {
 			continue
 		}
-		if written[key] {
-			// Written by this pass: the newest.
-			add(natsx.Entry{Key: key, Op: jetstream.KeyValuePut, Created: now})
+		if rev, ok := st.writtenRev[key]; ok {
+			// Written by this pass: its revision is the server's.
+			add(natsx.Entry{Key: key, Op: jetstream.KeyValuePut, Revision: rev})
 			continue
 		}
 		e, err := p.cfg.Store.CompositionMeta(ctx, key)
@@ -116,7 +112,11 @@ func (p *Passer) prune(ctx context.Context, node string, asg *composerv1.Assignm
 		if keep == nil {
 			keep = p.keepSet(ctx, node, asg, st.haves)
 		}
-		sort.SliceStable(live, func(i, j int) bool { return live[i].Created.After(live[j].Created) })
+		// Newest last write first, in the server's order of writes: the
+		// stream sequence of each key's last message (its revision). It
+		// is the order of the server's timestamps, known without a read
+		// for the keys this pass wrote and untouched by any clock.
+		sort.Slice(live, func(i, j int) bool { return live[i].Revision > live[j].Revision })
 		for i, e := range live {
 			if i < p.cfg.KeepPerModule || keep[e.Key] {
 				continue

@@ -76,7 +76,11 @@ func (p *Passer) rebuildHeld(ctx context.Context, st *nodeState, prev *typev1.Wa
 		return nil, fmt.Errorf("%s: the signer returned other bytes than were asked", it.key)
 	}
 	it.env = signed[0].GetEnvelope()
-	if err := p.cas(ctx, it); err != nil {
+	err = p.cas(ctx, it)
+	if it.written != 0 {
+		st.wrote(it.key, it.written)
+	}
+	if err != nil {
 		return nil, err
 	}
 	p.cfg.Logger.InfoContext(ctx, "rebuilt a held composition that was no longer held", "key", it.key, "digest", digest)

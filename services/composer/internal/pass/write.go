@@ -309,7 +309,11 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 			return
 		}
 		if it.differs {
-			if err := p.cas(ctx, it); err != nil {
+			err := p.cas(ctx, it)
+			if it.written != 0 {
+				st.wrote(it.key, it.written)
+			}
+			if err != nil {
 				failed(it, err)
 				return
 			}

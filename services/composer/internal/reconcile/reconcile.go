@@ -575,7 +575,13 @@ func (r *Reconciler) runOne(ctx context.Context, node string, t task) (*pass.Res
 			err = nil
 		}
 	}
-	if err != nil {
+	switch {
+	case err != nil && res != nil:
+		// With what the failed pass wrote all the same (DESIGN.md §5.2
+		// step 6).
+		r.cfg.Logger.Warn("pass failed", "node", node, "reason", t.reason, "error", err,
+			"written", res.Written, "records", res.Records)
+	case err != nil:
 		r.cfg.Logger.Warn("pass failed", "node", node, "reason", t.reason, "error", err)
 	}
 	if r.cfg.OnPass != nil {
