@@ -670,10 +670,18 @@ func (p *Passer) needsCommit(st *nodeState, wants []*typev1.Want, holds []*compo
 	if h.GetHighWater() > a.GetManifestRevision() {
 		return changes, true
 	}
-	for _, hv := range h.GetHaves() {
-		if hv.GetAttempt().GetReasonCode() == composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT &&
-			hv.GetAttempt().GetState() == composerv1.AttemptState_ATTEMPT_STATE_FAILED && h.GetApplied().GetDigest() != a.GetManifestDigest() {
-			return changes, true
+	// A revision conflict the engine reports (a revision at or below its
+	// high-water, or equal to it with another digest) is answered once: by
+	// a manifest above the high-water it reported. Once the held revision
+	// is above it, the report is older than the held manifest and stands
+	// only until the engine reports again — an engine offline for a while
+	// does not get a new revision every pass.
+	if h.GetHighWater() >= a.GetManifestRevision() && h.GetApplied().GetDigest() != a.GetManifestDigest() {
+		for _, hv := range h.GetHaves() {
+			if hv.GetAttempt().GetReasonCode() == composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT &&
+				hv.GetAttempt().GetState() == composerv1.AttemptState_ATTEMPT_STATE_FAILED {
+				return changes, true
+			}
 		}
 	}
 	return changes, false

@@ -687,3 +687,39 @@ func TestPruneOrdersByServerWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestRevisionConflictSignedOnce covers DESIGN.md §6 step 4 and §7: an
+// engine that refused the held manifest with REVISION_CONFLICT gets one
+// manifest above the high-water it reported; while that report stands (the
+// engine is offline), later passes do not sign yet another revision.
+func TestRevisionConflictSignedOnce(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	a1, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	// The engine's high-water is the held revision, reached by another
+	// manifest (a lost one, say): it refused the held one.
+	s.w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", HighWater: a1.GetManifestRevision(),
+		Applied: &composerv1.ManifestRef{Revision: a1.GetManifestRevision(), Digest: "sha256:" + strings.Repeat("0", 64)},
+		Haves: []*composerv1.Have{{Module: names.NodeModule, Attempt: &composerv1.Attempt{State: composerv1.AttemptState_ATTEMPT_STATE_FAILED,
+			ReasonCode: composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT, Reason: "revision at the high-water with another digest"}}}})
+	res := s.c.Pass(t, "ace")
+	if res.Err != nil || !res.Committed {
+		t.Fatalf("the pass after the conflict: committed %v, %v", res.Committed, res.Err)
+	}
+	a2, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	if a2.GetManifestRevision() <= a1.GetManifestRevision() {
+		t.Fatalf("re-signed at r%d, not above the high-water r%d", a2.GetManifestRevision(), a1.GetManifestRevision())
+	}
+	for i := range 3 {
+		if res := s.c.Pass(t, "ace"); res.Err != nil || res.Committed {
+			t.Errorf("pass %d while the answered report stands: committed %v, %v", i+1, res.Committed, res.Err)
+		}
+	}
+	a3, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	if a3.GetManifestRevision() != a2.GetManifestRevision() {
+		t.Errorf("the revision moved on to %d", a3.GetManifestRevision())
+	}
+}

@@ -53,7 +53,7 @@ func TestRenewAt(t *testing.T) {
 // TestNeedsCommit checks when a pass commits (changes) and when it signs the
 // manifest again although nothing changed (renewal, a newer keyset, another
 // signing key, an engine's high-water above the held revision, a revision
-// conflict the engine reports), with an injected clock.
+// conflict the engine reports — once), with an injected clock.
 func TestNeedsCommit(t *testing.T) {
 	t.Parallel()
 	tr := testutil.NewTrust(t, 1, 1)
@@ -71,8 +71,10 @@ func TestNeedsCommit(t *testing.T) {
 	env, digest := tr.Sign(t, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m)
 	asg := &composerv1.Assignment{Node: "ace", Wants: []*typev1.Want{want}, Holds: []*composerv1.Hold{hold}, Manifest: env, ManifestDigest: digest, ManifestRevision: 100}
 	renew := renewAt("ace", m)
-	conflict := &composerv1.HaveRecord{Applied: &composerv1.ManifestRef{Revision: 90, Digest: "sha256:old"}, Haves: []*composerv1.Have{{Module: "motd",
-		Attempt: &composerv1.Attempt{State: composerv1.AttemptState_ATTEMPT_STATE_FAILED, ReasonCode: composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT}}}}
+	conflict := func(highWater uint64) *composerv1.HaveRecord {
+		return &composerv1.HaveRecord{HighWater: highWater, Applied: &composerv1.ManifestRef{Revision: 90, Digest: "sha256:old"}, Haves: []*composerv1.Have{{Module: "motd",
+			Attempt: &composerv1.Attempt{State: composerv1.AttemptState_ATTEMPT_STATE_FAILED, ReasonCode: composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT}}}}
+	}
 	other := &typev1.Want{Module: "motd", Fingerprint: want.GetFingerprint(), CompositionKey: want.GetCompositionKey(), CompositionDigest: "sha256:" + strings.Repeat("2", 64)}
 	cases := []struct {
 		name            string
@@ -92,7 +94,10 @@ func TestNeedsCommit(t *testing.T) {
 		{name: "signed by a key the signer no longer uses", asg: asg, now: issued, signingKey: "other-key", resign: true},
 		{name: "engine high-water above the held revision", asg: asg, now: issued, haves: &composerv1.HaveRecord{HighWater: 101}, resign: true},
 		{name: "engine high-water at the held revision", asg: asg, now: issued, haves: &composerv1.HaveRecord{HighWater: 100}},
-		{name: "engine reports a revision conflict", asg: asg, now: issued, haves: conflict, resign: true},
+		{name: "engine reports a revision conflict at the held revision", asg: asg, now: issued, haves: conflict(100), resign: true},
+		// The held manifest (100) was signed above the high-water of the
+		// report: answered already, not signed again each pass.
+		{name: "a revision conflict answered already", asg: asg, now: issued, haves: conflict(99)},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
