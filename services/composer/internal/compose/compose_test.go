@@ -305,6 +305,14 @@ func TestJudge(t *testing.T) {
 		{"adds and removes is CHANGES", comp("db", b), Applied{Module: comp("db", a), ModuleDigest: "D1"}, composerv1.Judgement_JUDGEMENT_CHANGES, false, "adds /etc/b; removes /etc/a", "D1"},
 		{"DATA", comp("db", a, data), Applied{Module: comp("db", a), ModuleDigest: "D1"}, composerv1.Judgement_JUDGEMENT_DATA, false, "touches data path /var/lib/db", "D1"},
 		{"user list only", comp("db", a, users2), Applied{Module: comp("db", a, users), ModuleDigest: "D1"}, composerv1.Judgement_JUDGEMENT_CHANGES, true, "changes /etc/users (content)", "D1"},
+		{"data path added, resources the same", withData(comp("db", a), "/var/lib/db", "/var/lib/db2"), Applied{Module: comp("db", a), ModuleDigest: "D1"},
+			composerv1.Judgement_JUDGEMENT_DATA, false, "data paths: adds /var/lib/db2", "D1"},
+		{"data path dropped, resources the same", withData(comp("db", a, data)), Applied{Module: comp("db", a, data), ModuleDigest: "D1"},
+			composerv1.Judgement_JUDGEMENT_DATA, false, "data paths: removes /var/lib/db", "D1"},
+		{"a user list change beside a data path change", withData(comp("db", a, users2), "/srv/db"), Applied{Module: comp("db", a, users), ModuleDigest: "D1"},
+			composerv1.Judgement_JUDGEMENT_DATA, false, "data paths: adds /srv/db, removes /var/lib/db", "D1"},
+		{"removes what was under a data path no longer declared", withData(comp("db", a)), Applied{Module: comp("db", a, data), ModuleDigest: "D1"},
+			composerv1.Judgement_JUDGEMENT_DATA, false, "touches data path /var/lib/db", "D1"},
 		{"against the node's own when leaving it", comp("db", a), Applied{Own: &typev1.Composition{Module: "node", Resources: []*typev1.Resource{moved, res("other:x", "", "/etc/x")}}, OwnDigest: "OWN"},
 			composerv1.Judgement_JUDGEMENT_SAME, false, "same", "OWN"},
 	}
@@ -317,6 +325,12 @@ func TestJudge(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withData sets a composition's data paths.
+func withData(c *typev1.Composition, paths ...string) *typev1.Composition {
+	c.DataPaths, c.Data = paths, len(paths) > 0
+	return c
 }
 
 func TestDecide(t *testing.T) {

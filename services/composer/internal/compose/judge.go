@@ -36,14 +36,19 @@ type Applied struct {
 // Judge judges next against the applied composition of its module, or else
 // against the applied own composition's resources whose ids name the module,
 // or else calls it NEW (DESIGN.md §5.3). A difference that touches a data path
-// is DATA; only additions ADDS; only removals REMOVES; anything else CHANGES.
+// (of either composition) is DATA, and so is a change of the module's data
+// paths themselves, even with the same resources: the engine never removes
+// what is under a data path, so dropping one exposes data to removal and
+// adding one changes what a later removal keeps. Otherwise only additions
+// ADDS; only removals REMOVES; anything else CHANGES.
 func Judge(next *typev1.Composition, applied Applied) Judged {
 	var base []*typev1.Resource
-	var baseFilled []string
+	var baseFilled, baseData []string
 	var against string
 	switch {
 	case applied.Module != nil:
 		base, baseFilled, against = applied.Module.GetResources(), applied.Module.GetFilled(), applied.ModuleDigest
+		baseData = applied.Module.GetDataPaths()
 	case applied.Own != nil && ownNames(applied.Own, next.GetModule()):
 		for _, r := range applied.Own.GetResources() {
 			if names.ModuleOfID(r.GetId()) == next.GetModule() {
@@ -104,7 +109,13 @@ func Judge(next *typev1.Composition, applied Applied) Judged {
 		removed = append(removed, p+" (filled)")
 		userListOnly = false
 	}
-	if len(added)+len(removed)+len(changed) == 0 {
+	// Leaving the node's own composition, the module had no data paths
+	// declared: its own are judged by what they touch, not as a change.
+	var da, dr []string
+	if applied.Module != nil {
+		da, dr = diffLists(baseData, next.GetDataPaths())
+	}
+	if len(added)+len(removed)+len(changed)+len(da)+len(dr) == 0 {
 		return Judged{Judgement: composerv1.Judgement_JUDGEMENT_SAME, Words: "same resources", Against: against}
 	}
 	j := Judged{Against: against, UserListOnly: userListOnly}
@@ -117,9 +128,20 @@ func Judge(next *typev1.Composition, applied Applied) Judged {
 		j.Judgement = composerv1.Judgement_JUDGEMENT_CHANGES
 	}
 	var words []string
-	if dataPath := touchesData(next.GetDataPaths(), added, removed, changed); dataPath != "" {
+	if dataPath := touchesData(union(next.GetDataPaths(), baseData), added, removed, changed); dataPath != "" {
 		j.Judgement = composerv1.Judgement_JUDGEMENT_DATA
 		words = append(words, "touches data path "+dataPath)
+	}
+	if len(da)+len(dr) > 0 {
+		j.Judgement, j.UserListOnly = composerv1.Judgement_JUDGEMENT_DATA, false
+		var parts []string
+		if len(da) > 0 {
+			parts = append(parts, "adds "+listWords(da))
+		}
+		if len(dr) > 0 {
+			parts = append(parts, "removes "+listWords(dr))
+		}
+		words = append(words, "data paths: "+strings.Join(parts, ", "))
 	}
 	if len(changed) > 0 {
 		parts := make([]string, len(changed))
@@ -201,6 +223,13 @@ func diffLists(old, next []string) (added, removed []string) {
 		}
 	}
 	return added, removed
+}
+
+// union returns the sorted paths of both lists, each once.
+func union(a, b []string) []string {
+	out := append(append([]string(nil), a...), b...)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 func touchesData(dataPaths []string, lists ...[]string) string {

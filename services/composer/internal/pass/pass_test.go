@@ -723,3 +723,37 @@ func TestRevisionConflictSignedOnce(t *testing.T) {
 		t.Errorf("the revision moved on to %d", a3.GetManifestRevision())
 	}
 }
+
+// TestDataPathChangeIsHeld covers DESIGN.md §5.3 for a release that only
+// declares a data path: its resources are the same, but it is judged DATA,
+// not SAME, so MANUAL holds it until approved.
+func TestDataPathChangeIsHeld(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	spec := ct.Spec("ace", "motd")
+	spec.Policies = map[string]*typev1.Policy{"motd": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "")}
+	s.c.PutNode(t, spec)
+	a1, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	v1 := ct.Want(a1, "motd")
+	s.w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", HighWater: a1.GetManifestRevision(),
+		Applied: &composerv1.ManifestRef{Revision: a1.GetManifestRevision(), Digest: a1.GetManifestDigest()},
+		Haves:   []*composerv1.Have{{Module: "motd", Applied: &composerv1.AppliedRef{Fingerprint: v1.GetFingerprint(), Key: v1.GetCompositionKey(), Digest: v1.GetCompositionDigest()}}}})
+	m := ct.Motd("1.0")
+	m.DataPaths = []string{"/var/lib/motd"}
+	fp := s.w.Release(t, m, nil)
+	ct.WaitFor(t, "registration seen", 10*time.Second, func() (bool, string) {
+		r, _ := s.c.View.Registration("motd")
+		return r.GetFingerprint() == fp, "not yet"
+	})
+	res := s.c.Pass(t, "ace")
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if j := res.Compositions[0].Judged; j.Judgement != composerv1.Judgement_JUDGEMENT_DATA || j.Words != "data paths: adds /var/lib/motd" {
+		t.Errorf("judged %v %q, want DATA naming the data path", j.Judgement, j.Words)
+	}
+	if len(res.Holds) != 1 || res.Holds[0].GetFingerprint() != fp || ct.Want(&composerv1.Assignment{Wants: res.Wants}, "motd").GetFingerprint() != v1.GetFingerprint() {
+		t.Errorf("wants %v holds %v: MANUAL let a data-path change through", res.Wants, res.Holds)
+	}
+}
