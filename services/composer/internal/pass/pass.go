@@ -626,8 +626,14 @@ func stateWord(s string) string {
 }
 
 // renewAt is when a manifest is renewed: once less than half its lifetime
-// is left, at a point in the next quarter chosen from the node and revision,
-// so renewals of a fleet spread out (DESIGN.md §5.4).
+// is left, at a point in the next quarter (DESIGN.md §5.4). The point is
+// drawn from a hash of the node and the manifest's revision, not at random:
+// across a fleet it is spread evenly over the quarter, as a random point
+// would be, but for one manifest it is the same at every pass and on every
+// replica. So it needs no storage; passes that compute it again neither move
+// it nor make an early renewal likelier (a fresh draw at each pass would:
+// the first pass past any draw renews); and a new lease holder renews at the
+// point its predecessor planned.
 func renewAt(node string, m *typev1.Manifest) time.Time {
 	issued, expires := m.GetIssuedAt().AsTime(), m.GetExpiresAt().AsTime()
 	life := expires.Sub(issued)
