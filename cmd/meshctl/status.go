@@ -123,6 +123,13 @@ func shortFP(fp string) string {
 	return fp
 }
 
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
 func stateWord(st *composerv1.NodeStatus) string {
 	switch {
 	case st.GetLastError() != "":
@@ -188,7 +195,13 @@ func RenderStatus(w io.Writer, sts []*composerv1.NodeStatus, why bool, now time.
 				continue
 			}
 			var b strings.Builder
-			fmt.Fprintf(&b, "  %s: wanted %s, applied %s", m.GetModule(), shortFP(m.GetWantedFingerprint()), shortFP(m.GetAppliedFingerprint()))
+			wanted, applied := shortFP(m.GetWantedFingerprint()), shortFP(m.GetAppliedFingerprint())
+			if m.GetModule() == names.NodeModule {
+				// The node's own composition has no fingerprint: its
+				// digests say what is wanted and applied.
+				wanted, applied = orDash(shortDigest(m.GetWantedDigest())), orDash(shortDigest(m.GetAppliedDigest()))
+			}
+			fmt.Fprintf(&b, "  %s: wanted %s, applied %s", m.GetModule(), wanted, applied)
 			if m.GetState() != composerv1.AttemptState_ATTEMPT_STATE_UNSPECIFIED {
 				fmt.Fprintf(&b, "; last attempt %s", strings.TrimPrefix(m.GetState().String(), "ATTEMPT_STATE_"))
 			}
