@@ -383,6 +383,7 @@ func (c *Composer) Serve(ctx context.Context, ready func(net.Addr)) error {
 		supervise.Task{Name: "catalog watch", Run: c.View.Run},
 		supervise.Task{Name: "store watches", Run: c.Reconciler.Watch},
 		supervise.Task{Name: "judgement records", Run: c.Passer.FollowRecords},
+		supervise.Task{Name: "compositions mirror", Run: c.Passer.FollowCompositions},
 		supervise.Task{Name: "keyset watch", Run: c.Trust.Watch},
 		supervise.Task{Name: "sync hub", Run: c.Hub.Run},
 		supervise.Task{Name: "lease", Run: func(ctx context.Context) error {

@@ -62,7 +62,9 @@ type Passer struct {
 	hooks    hooks
 	verified verifyCache
 	splits   splitCache
-	records  *recordMirror
+	// records and compositions mirror buckets composed and compositions
+	// (see mirror).
+	records, compositions *mirror
 }
 
 // hooks let tests act between the steps of a pass (export_test.go sets
@@ -96,7 +98,8 @@ func New(cfg Config) *Passer {
 	if cfg.KeepPerModule == 0 {
 		cfg.KeepPerModule = 5
 	}
-	return &Passer{cfg: cfg, records: newRecordMirror()}
+	return &Passer{cfg: cfg, records: newMirror("judgement record", recordSummary),
+		compositions: newMirror("composition", compositionSummary)}
 }
 
 // Mode says whether a pass writes or only plans.

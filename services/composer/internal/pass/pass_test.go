@@ -757,3 +757,50 @@ func TestDataPathChangeIsHeld(t *testing.T) {
 		t.Errorf("wants %v holds %v: MANUAL let a data-path change through", res.Wants, res.Holds)
 	}
 }
+
+// TestFollowThroughTheMirror covers the re-read of DESIGN.md §5.2 step 5
+// when a pass wrote several compositions: they are read again together
+// through the composition mirror, current as of after the writes, and one
+// another writer replaced meanwhile is still followed.
+func TestFollowThroughTheMirror(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	variants := s.variants(t, 1)
+	sshd := s.w.Release(t, ct.SSHD("1.0", ""), nil)
+	ct.WaitFor(t, "sshd seen", 10*time.Second, func() (bool, string) {
+		r, _ := s.c.View.Registration("sshd")
+		return r.GetFingerprint() == sshd, "not yet"
+	})
+	s.c.PutNode(t, ct.Spec("ace", "motd", "sshd"))
+	// motd's value is corrupt, so the pass writes it again beside sshd's.
+	s.put(t, []byte("corrupt"))
+	pass.SetHooks(s.c.Passer, pass.Hooks{BeforeReread: func(key string, follow int) {
+		if key == s.key && follow == 0 {
+			s.put(t, variants[0])
+		}
+	}})
+	res := s.c.Pass(t, "ace")
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if len(res.Written) != 2 {
+		t.Fatalf("the pass wrote %v, want motd and sshd", res.Written)
+	}
+	want := digestOf(t, variants[0])
+	rec := &composerv1.JudgementRecord{}
+	_, err := s.w.Get(t, natsx.BucketComposed, s.key, rec)
+	ct.Must(t, err)
+	if rec.GetDigest() != want {
+		t.Errorf("motd's record names %s, want the other writer's %s", rec.GetDigest(), want)
+	}
+	sshdKey := "ace.sshd." + names.FingerprintHex(sshd)
+	for _, c := range res.Compositions {
+		if c.Key == sshdKey {
+			_, err := s.w.Get(t, natsx.BucketComposed, sshdKey, rec)
+			ct.Must(t, err)
+			if rec.GetDigest() != c.Digest {
+				t.Errorf("sshd's record names %s, its composition is %s", rec.GetDigest(), c.Digest)
+			}
+		}
+	}
+}

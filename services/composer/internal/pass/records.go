@@ -10,23 +10,36 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"mesh.dev/internal/envelope"
+	"mesh.dev/internal/natsx"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
 )
 
-// mirrorWait is how long a pass waits for the record mirror to catch up
-// with the bucket before it reads the records it needs one by one.
+// mirrorWait is how long a pass waits for a mirror to catch up with its
+// bucket before it reads the keys it needs one by one.
 const mirrorWait = 100 * time.Millisecond
 
-// recordMirror follows bucket composed with one watch and keeps, per key,
-// the revision and a digest of the record held (a judgement record is
-// advisory and recomputable, DESIGN.md §5.2 step 5). A pass compares the
-// record it would write with the mirror instead of reading each key — the
-// JetStream API serves reads with as few workers as the server has cores —
-// once the mirror has seen every write the stream acknowledged when the
-// pass asked (one stream-info request). A write still goes by CAS at the
-// revision mirrored, so a record changed meanwhile is read and compared
+// mirror follows one bucket with one watch and keeps, per key, the revision
+// and a summary of the value held. A pass compares with the mirror instead
+// of reading each key — the JetStream API serves reads with as few workers
+// as the server has cores, and a read of a stream waits for the fsync of
+// the write before it — once the mirror has seen every write the stream
+// acknowledged when the pass asked (one stream-info request): what it
+// holds then is what reading each key then would give. Writes still go by
+// CAS at the revision read, so a key changed meanwhile is read and compared
 // again.
-type recordMirror struct {
+//
+// Two mirrors run: of bucket composed (a judgement record is advisory and
+// recomputable, DESIGN.md §5.2 step 5), summarised by the sha256 of its
+// bytes, so a pass need not read the records it would rewrite; and of bucket
+// compositions, summarised by the envelope's digest, for the re-read of
+// step 5 after a pass wrote a node's compositions and records.
+type mirror struct {
+	name string
+	// summary summarises a value ("" when it does not decode).
+	summary func(value []byte) string
+
 	mu      sync.Mutex
 	changed *sync.Cond
 	m       map[string]mirrored
@@ -38,21 +51,48 @@ type recordMirror struct {
 
 type mirrored struct {
 	rev uint64
-	// sum is the sha256 of the record's bytes; "" for a delete marker.
+	// put is set for a value, unset for a delete or purge marker.
+	put bool
+	// sum is the value's summary; "" for a marker.
 	sum string
 }
 
-func newRecordMirror() *recordMirror {
-	m := &recordMirror{m: map[string]mirrored{}}
+func newMirror(name string, summary func([]byte) string) *mirror {
+	m := &mirror{name: name, summary: summary, m: map[string]mirrored{}}
 	m.changed = sync.NewCond(&m.mu)
 	return m
 }
 
-// FollowRecords keeps the record mirror until ctx is done. Passes read
-// records one by one while it does not run.
+// recordSummary is the sha256 of a judgement record's bytes.
+func recordSummary(value []byte) string {
+	sum := sha256.Sum256(value)
+	return string(sum[:])
+}
+
+// compositionSummary is the digest of a composition's envelope, "" when the
+// value does not decode.
+func compositionSummary(value []byte) string {
+	env := &typev1.Envelope{}
+	if proto.Unmarshal(value, env) != nil {
+		return ""
+	}
+	return envelope.Digest(env)
+}
+
+// FollowRecords keeps the judgement record mirror until ctx is done. Passes
+// read records one by one while it does not run.
 func (p *Passer) FollowRecords(ctx context.Context) error {
-	m := p.records
-	w, err := p.cfg.Store.Composed.Watch(ctx, ">")
+	return p.records.follow(ctx, p.cfg.Store.Composed)
+}
+
+// FollowCompositions keeps the composition mirror until ctx is done. Passes
+// re-read what they wrote one key at a time while it does not run.
+func (p *Passer) FollowCompositions(ctx context.Context) error {
+	return p.compositions.follow(ctx, p.cfg.Store.Compositions)
+}
+
+func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
+	w, err := kv.Watch(ctx, ">")
 	if err != nil {
 		return err
 	}
@@ -68,38 +108,39 @@ func (p *Passer) FollowRecords(ctx context.Context) error {
 		m.mu.Unlock()
 	}()
 	for e := range w.Updates() {
-		m.mu.Lock()
 		if e == nil {
+			m.mu.Lock()
 			m.ready = true
-		} else {
-			v := mirrored{rev: e.Revision}
-			if e.Op == jetstream.KeyValuePut {
-				sum := sha256.Sum256(e.Value)
-				v.sum = string(sum[:])
-			}
-			m.m[e.Key] = v
-			m.seen = max(m.seen, e.Revision)
+			m.changed.Broadcast()
+			m.mu.Unlock()
+			continue
 		}
+		v := mirrored{rev: e.Revision}
+		if e.Op == jetstream.KeyValuePut {
+			v.put, v.sum = true, m.summary(e.Value)
+		}
+		m.mu.Lock()
+		m.m[e.Key] = v
+		m.seen = max(m.seen, e.Revision)
 		m.changed.Broadcast()
 		m.mu.Unlock()
 	}
 	if ctx.Err() != nil {
 		return nil
 	}
-	return errors.Join(errors.New("judgement record watch ended"), w.Err())
+	return errors.Join(errors.New(m.name+" watch ended"), w.Err())
 }
 
-// current reports whether the mirror holds every record write the stream
+// current reports whether the mirror holds every write the stream of kv
 // acknowledged by now, waiting a moment for it to catch up.
-func (p *Passer) mirrorCurrent(ctx context.Context) bool {
-	m := p.records
+func (m *mirror) current(ctx context.Context, kv *natsx.KV) bool {
 	m.mu.Lock()
 	usable := m.running && m.ready
 	m.mu.Unlock()
 	if !usable {
 		return false
 	}
-	last, err := p.cfg.Store.Composed.LastSequence(ctx)
+	last, err := kv.LastSequence(ctx)
 	if err != nil {
 		return false
 	}
@@ -118,20 +159,24 @@ func (p *Passer) mirrorCurrent(ctx context.Context) bool {
 	return m.running && m.seen >= last
 }
 
+// mirrorCurrent reports whether the record mirror is current (see current).
+func (p *Passer) mirrorCurrent(ctx context.Context) bool {
+	return p.records.current(ctx, p.cfg.Store.Composed)
+}
+
 // lookup returns what the mirror holds of a key.
-func (m *recordMirror) lookup(key string) (mirrored, bool) {
+func (m *mirror) lookup(key string) (mirrored, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	v, ok := m.m[key]
 	return v, ok
 }
 
-// recordSum is the digest the mirror keeps of a record's bytes.
+// recordSum is the summary the record mirror keeps of a record.
 func recordSum(r *composerv1.JudgementRecord) string {
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
 	if err != nil {
 		return ""
 	}
-	sum := sha256.Sum256(b)
-	return string(sum[:])
+	return recordSummary(b)
 }

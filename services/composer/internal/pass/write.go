@@ -301,12 +301,12 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 			it.env = s.GetEnvelope()
 		}
 	}
-	// keep writes a composition that differs, keeps its judgement record
-	// and, when it wrote either, reads the composition again and follows
-	// another writer's (step 5).
-	keep := func(it *item) {
+	// keep writes a composition that differs and keeps its judgement
+	// record; it reports whether it wrote either, so the composition must
+	// be read again (step 5).
+	keep := func(it *item) bool {
 		if it.err != nil {
-			return
+			return false
 		}
 		if it.differs {
 			err := p.cas(ctx, it)
@@ -315,35 +315,33 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 			}
 			if err != nil {
 				failed(it, err)
-				return
+				return false
 			}
 		}
 		jc.judge(ctx, it)
 		wrote, err := p.writeRecord(ctx, it, jc)
 		if err != nil {
 			failed(it, err)
-			return
+			return false
 		}
-		if !wrote && !it.differs {
-			// Nothing written, nothing to follow: the record describes what
-			// compare read.
-			return
-		}
-		if p.hooks.beforeReread != nil {
-			p.hooks.beforeReread(it.key, 0)
-		}
-		if err := p.follow(ctx, it, jc); err != nil {
-			failed(it, err)
-		}
+		// Nothing written, nothing to follow: the record describes what
+		// compare read.
+		return wrote || it.differs
 	}
+	// The modules' compositions are written and recorded, then read again
+	// together; the node's own after them.
 	var own *item
+	var reread []*item
 	for _, it := range work {
 		if it.own {
 			own = it
 			continue
 		}
-		keep(it)
+		if keep(it) {
+			reread = append(reread, it)
+		}
 	}
+	p.followAll(ctx, reread, jc, failed)
 	if own == nil || own.err != nil {
 		return
 	}
@@ -351,7 +349,38 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 		failed(own, fmt.Errorf("%s is not written: a module's composition of this pass was not", own.key))
 		return
 	}
-	keep(own)
+	if keep(own) {
+		p.followAll(ctx, []*item{own}, jc, failed)
+	}
+}
+
+// followAll reads again the compositions a pass wrote (or wrote the records
+// of) and follows another writer's where one replaced it (step 5). With the
+// composition mirror current as of now — after every one of those writes —
+// a key it shows holding the pass's digest needs no read: nothing replaced
+// it. Any other key is read from the stream leader and followed.
+func (p *Passer) followAll(ctx context.Context, items []*item, jc *judging, failed func(*item, error)) {
+	if len(items) == 0 {
+		return
+	}
+	if p.hooks.beforeReread != nil {
+		for _, it := range items {
+			p.hooks.beforeReread(it.key, 0)
+		}
+	}
+	// One stream-info request instead of a read per key; a single key is
+	// read as cheaply.
+	mirrored := len(items) > 1 && p.compositions.current(ctx, p.cfg.Store.Compositions)
+	for _, it := range items {
+		if mirrored {
+			if v, ok := p.compositions.lookup(it.key); ok && v.put && v.sum == it.digest {
+				continue
+			}
+		}
+		if err := p.follow(ctx, it, jc); err != nil {
+			failed(it, err)
+		}
+	}
 }
 
 // holdObjects makes sure every object a composition names is held in the
