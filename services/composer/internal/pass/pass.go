@@ -194,6 +194,9 @@ type nodeState struct {
 	// problems are what the pass met that the node's status reports
 	// without failing the pass (a haves record that does not decode).
 	problems []error
+	// mirror says whether the composition mirror was current when the
+	// pass began comparing: 0 not asked yet, 1 yes, 2 no.
+	mirror int
 }
 
 // wrote notes a composition this pass wrote at rev.

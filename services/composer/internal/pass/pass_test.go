@@ -7,8 +7,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -802,5 +805,30 @@ func TestFollowThroughTheMirror(t *testing.T) {
 				t.Errorf("sshd's record names %s, its composition is %s", rec.GetDigest(), c.Digest)
 			}
 		}
+	}
+}
+
+// TestUnchangedPassReadsNoComposition covers the compare of DESIGN.md §5.2
+// step 2 through the composition mirror: a pass that finds nothing changed
+// reads none of the node's compositions from the stream (each read is a
+// JetStream API request); it looks them up in the mirror, current as of
+// the pass.
+func TestUnchangedPassReadsNoComposition(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	nc, err := nats.Connect(s.w.Embedded.ClientURL())
+	ct.Must(t, err)
+	t.Cleanup(nc.Close)
+	var reads atomic.Int64
+	_, err = nc.Subscribe("$JS.API.STREAM.MSG.GET.KV_"+natsx.BucketCompositions, func(*nats.Msg) { reads.Add(1) })
+	ct.Must(t, err)
+	ct.Must(t, nc.Flush())
+	res := s.c.Pass(t, "ace")
+	if res.Err != nil || res.Changes || len(res.Written) != 0 {
+		t.Fatalf("the second pass: changes %v, wrote %v, %v", res.Changes, res.Written, res.Err)
+	}
+	ct.Must(t, nc.Flush())
+	if n := reads.Load(); n != 0 {
+		t.Errorf("an unchanged pass read %d compositions", n)
 	}
 }

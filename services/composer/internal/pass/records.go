@@ -37,8 +37,9 @@ const mirrorWait = 100 * time.Millisecond
 // step 5 after a pass wrote a node's compositions and records.
 type mirror struct {
 	name string
-	// summary summarises a value ("" when it does not decode).
-	summary func(value []byte) string
+	// summary summarises a value ("" when it does not decode), and
+	// names its signatures when it has any.
+	summary func(value []byte) (sum, signatures string)
 
 	mu      sync.Mutex
 	changed *sync.Cond
@@ -53,30 +54,33 @@ type mirrored struct {
 	rev uint64
 	// put is set for a value, unset for a delete or purge marker.
 	put bool
-	// sum is the value's summary; "" for a marker.
-	sum string
+	// sum is the value's summary; "" for a marker. signatures names a
+	// signed value's signatures (signaturesKey).
+	sum, signatures string
 }
 
-func newMirror(name string, summary func([]byte) string) *mirror {
+func newMirror(name string, summary func([]byte) (string, string)) *mirror {
 	m := &mirror{name: name, summary: summary, m: map[string]mirrored{}}
 	m.changed = sync.NewCond(&m.mu)
 	return m
 }
 
 // recordSummary is the sha256 of a judgement record's bytes.
-func recordSummary(value []byte) string {
+func recordSummary(value []byte) (string, string) {
 	sum := sha256.Sum256(value)
-	return string(sum[:])
+	return string(sum[:]), ""
 }
 
-// compositionSummary is the digest of a composition's envelope, "" when the
-// value does not decode.
-func compositionSummary(value []byte) string {
+// compositionSummary is the digest of a composition's envelope and its
+// signatures, "" when the value does not decode: with the signatures
+// verified recently (the verify cache), a key the mirror shows holding the
+// digest a pass sealed holds that very composition, signed.
+func compositionSummary(value []byte) (string, string) {
 	env := &typev1.Envelope{}
 	if proto.Unmarshal(value, env) != nil {
-		return ""
+		return "", ""
 	}
-	return envelope.Digest(env)
+	return envelope.Digest(env), signaturesKey(env)
 }
 
 // FollowRecords keeps the judgement record mirror until ctx is done. Passes
@@ -117,7 +121,8 @@ func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
 		}
 		v := mirrored{rev: e.Revision}
 		if e.Op == jetstream.KeyValuePut {
-			v.put, v.sum = true, m.summary(e.Value)
+			v.put = true
+			v.sum, v.signatures = m.summary(e.Value)
 		}
 		m.mu.Lock()
 		m.m[e.Key] = v
@@ -178,5 +183,6 @@ func recordSum(r *composerv1.JudgementRecord) string {
 	if err != nil {
 		return ""
 	}
-	return recordSummary(b)
+	sum, _ := recordSummary(b)
+	return sum
 }

@@ -35,10 +35,18 @@ type verifiedEntry struct {
 }
 
 func cacheKey(ring *verify.Keyring, env *typev1.Envelope) string {
+	return cacheKeyOf(ring, envelope.Digest(env), signaturesKey(env))
+}
+
+// cacheKeyOf is the cache key of an envelope known by its payload's digest
+// and signaturesKey.
+func cacheKeyOf(ring *verify.Keyring, digest, signatures string) string {
+	return strconv.FormatUint(ring.Version(), 10) + "\x00" + digest + signatures
+}
+
+// signaturesKey names an envelope's payload type and exact signatures.
+func signaturesKey(env *typev1.Envelope) string {
 	var b strings.Builder
-	b.WriteString(strconv.FormatUint(ring.Version(), 10))
-	b.WriteByte(0)
-	b.WriteString(envelope.Digest(env))
 	b.WriteString(strconv.Itoa(int(env.GetPayloadType())))
 	for _, s := range env.GetSignatures() {
 		b.WriteByte(0)
@@ -47,6 +55,15 @@ func cacheKey(ring *verify.Keyring, env *typev1.Envelope) string {
 		b.Write(s.GetSignature())
 	}
 	return b.String()
+}
+
+// known returns the key an envelope verified with recently, by cache key,
+// without verifying anything.
+func (c *verifyCache) known(key string, now time.Time) (string, bool) {
+	c.mu.Lock()
+	e, ok := c.m[key]
+	c.mu.Unlock()
+	return e.keyID, ok && now.Before(e.until)
 }
 
 // verify returns the id of the key an envelope verifies with, from the cache

@@ -124,8 +124,13 @@ func (p *Passer) prepare(ctx context.Context, node string, keys []string, comps 
 		}
 		it.env, it.digest = env, digest
 		var obs observation
-		// The node's own key is outside <node>.*.*: always read.
+		// The node's own key is outside <node>.*.*: always looked up.
 		if st.listed == nil || it.own || st.listed[key] {
+			if p.fromMirror(ctx, st, it) {
+				it.beforeHeld, it.beforeDigest = it.held, it.heldDigest
+				it.differs, it.absent = it.heldDigest != it.digest, it.heldRev == 0
+				continue
+			}
 			obs = p.observe(ctx, key)
 		}
 		if obs.err != nil {
@@ -138,6 +143,40 @@ func (p *Passer) prepare(ctx context.Context, node string, keys []string, comps 
 		it.absent = !obs.value
 	}
 	return work
+}
+
+// fromMirror looks a key up in the composition mirror, when it is current
+// for this pass (one stream-info request, asked once), instead of reading
+// it: a key the mirror shows with no value is absent, and one holding the
+// very composition this pass sealed, signed by the key the signer signs
+// with now in a signature verified recently, is held. It reports false when
+// the key must be read.
+func (p *Passer) fromMirror(ctx context.Context, st *nodeState, it *item) bool {
+	if st.mirror == 0 {
+		st.mirror = 2
+		if p.compositions.current(ctx, p.cfg.Store.Compositions) {
+			st.mirror = 1
+		}
+	}
+	if st.mirror != 1 {
+		return false
+	}
+	v, ok := p.compositions.lookup(it.key)
+	if !ok || !v.put {
+		// Absent: nothing held (a marker's revision is not needed; a
+		// Create over it fails should a value appear).
+		p.hold(it, observation{})
+		return true
+	}
+	ring := p.cfg.Trust.Keyring()
+	if ring == nil || v.sum != it.digest {
+		return false
+	}
+	if keyID, ok := p.verified.known(cacheKeyOf(ring, v.sum, v.signatures), p.cfg.Now()); !ok || keyID != p.cfg.Trust.SigningKeyID() {
+		return false
+	}
+	it.held, it.heldDigest, it.heldRev = it.comp, it.digest, v.rev
+	return true
 }
 
 // observation is what a key of bucket compositions held when read: a
