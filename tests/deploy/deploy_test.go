@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"runtime"
 	"slices"
@@ -30,6 +31,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
 
+	"mesh.dev/cmd/meshctl/backup"
 	"mesh.dev/internal/config"
 	"mesh.dev/internal/identity"
 	"mesh.dev/internal/natsx"
@@ -38,6 +40,7 @@ import (
 	composerapp "mesh.dev/services/composer/app"
 	nodeengineapp "mesh.dev/services/nodeengine/app"
 	signerapp "mesh.dev/services/signer/app"
+	"mesh.dev/tests/internal/natsconf"
 )
 
 func repoRoot(t testing.TB) string {
@@ -122,50 +125,286 @@ func TestNATSConfig(t *testing.T) {
 		t.Errorf("cluster: TLS %v, known-URL check %v, %d routes: want TLS, the check and 3 routes", opts.Cluster.TLSConfig != nil, opts.Cluster.TLSCheckKnownURLs, len(opts.Routes))
 	}
 
-	users := map[string]*server.User{}
-	for _, u := range opts.Users {
-		users[u.Username] = u
+	checkNATSUsers(t, opts.Users, "mesh.local")
+}
+
+// TestTestNATSIsDeploys checks that the nats-server the multi-process
+// tests run (natsconf.SingleServer, used by tests/internal/procmesh) is
+// deploy/nats/nats-server.conf's but for its cluster, addresses, paths and
+// trust domain: the same TLS, JetStream, limits, users and permissions. A
+// change to either that the other does not follow fails here.
+func TestTestNATSIsDeploys(t *testing.T) {
+	root := repoRoot(t)
+	t.Setenv("SERVER_NAME", "nats-0")
+	t.Setenv("CLUSTER_ADVERTISE", "nats-0.nats:6222")
+	prod, err := server.ProcessConfigFile(natsTestFiles(t, root))
+	if err != nil {
+		t.Fatal(err)
 	}
-	catalog, composer := users["spiffe://mesh.local/service/catalog"], users["spiffe://mesh.local/service/composer"]
-	if len(users) != 2 || catalog == nil || composer == nil {
-		t.Fatalf("users %v: want exactly the catalog's and the composer's", slices.Sorted(mapsKeys(users)))
+
+	dir := t.TempDir()
+	ca, err := pki.NewCA("mesh.test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
 	}
-	owner := func(subject string) []string {
-		var who []string
-		for name, u := range users {
-			if slices.Contains(u.Permissions.Publish.Allow, subject) {
-				who = append(who, name)
-			}
+	if err := natsconf.WriteServerCerts(ca, filepath.Join(dir, "certs")); err != nil {
+		t.Fatal(err)
+	}
+	deploy, err := natsconf.Deploy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := natsconf.SingleServer(deploy, natsconf.Options{ServerName: "mesh-test", Listen: "127.0.0.1:14222", Monitor: "127.0.0.1:18222",
+		CertsDir: filepath.Join(dir, "certs"), StoreDir: filepath.Join(dir, "js"), TrustDomain: "mesh.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "nats-server.conf")
+	if err := os.WriteFile(path, conf, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.CommandContext(t.Context(), filepath.Join(root, "bin", "nats-server"), "-c", path, "-t").CombinedOutput(); err != nil {
+		t.Fatalf("nats-server -t of the test configuration: %v\n%s", err, out)
+	}
+	test, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if test.ServerName != "mesh-test" || test.Host != "127.0.0.1" || test.Port != 14222 || test.HTTPHost != "127.0.0.1" || test.HTTPPort != 18222 || test.StoreDir != filepath.Join(dir, "js") {
+		t.Errorf("test server %s at %s:%d, monitor %s:%d, store %s: not what was asked", test.ServerName, test.Host, test.Port, test.HTTPHost, test.HTTPPort, test.StoreDir)
+	}
+	if test.Cluster.Port != 0 || len(test.Routes) > 0 {
+		t.Errorf("the test server is clustered: port %d, routes %v", test.Cluster.Port, test.Routes)
+	}
+	type pair struct {
+		what       string
+		prod, test any
+	}
+	same := []pair{
+		{"jetstream", prod.JetStream, test.JetStream},
+		{"sync_interval always", prod.SyncAlways, test.SyncAlways},
+		{"max_memory_store", prod.JetStreamMaxMemory, test.JetStreamMaxMemory},
+		{"max_file_store", prod.JetStreamMaxStore, test.JetStreamMaxStore},
+		{"max_payload", prod.MaxPayload, test.MaxPayload},
+		{"write_deadline", prod.WriteDeadline, test.WriteDeadline},
+		{"ping_interval", prod.PingInterval, test.PingInterval},
+		{"tls", prod.TLSConfig != nil, test.TLSConfig != nil},
+		{"verify_and_map", prod.TLSMap, test.TLSMap},
+		{"tls timeout", prod.TLSTimeout, test.TLSTimeout},
+		{"authorization timeout", prod.AuthTimeout, test.AuthTimeout},
+		{"users", len(prod.Users), len(test.Users)},
+	}
+	if prod.TLSConfig != nil && test.TLSConfig != nil {
+		same = append(same, pair{"tls min_version", prod.TLSConfig.MinVersion, test.TLSConfig.MinVersion},
+			pair{"tls client auth", prod.TLSConfig.ClientAuth, test.TLSConfig.ClientAuth})
+	}
+	for _, c := range same {
+		if !reflect.DeepEqual(c.prod, c.test) {
+			t.Errorf("%s: deploy/nats has %v, the test server %v", c.what, c.prod, c.test)
 		}
-		return who
 	}
-	check := func(bucket, data, stream string) {
-		want := "spiffe://mesh.local/service/composer"
-		if slices.Contains(catalogOwns, bucket) {
-			want = "spiffe://mesh.local/service/catalog"
-		}
-		for _, subj := range []string{data, "$JS.API.STREAM.CREATE." + stream, "$JS.API.STREAM.INFO." + stream, "$JS.API.CONSUMER.CREATE." + stream + ".>"} {
-			if got := owner(subj); !slices.Equal(got, []string{want}) {
-				t.Errorf("%s: may be published by %v, want only %s", subj, got, want)
-			}
+	prodUsers := map[string]*server.Permissions{}
+	for _, u := range prod.Users {
+		prodUsers[strings.Replace(u.Username, "spiffe://mesh.local/", "spiffe://mesh.test/", 1)] = u.Permissions
+	}
+	for _, u := range test.Users {
+		if !reflect.DeepEqual(prodUsers[u.Username], u.Permissions) {
+			t.Errorf("NATS user %s: the test server's permissions differ from deploy/nats's", u.Username)
 		}
 	}
+	checkNATSUsers(t, test.Users, "mesh.test")
+}
+
+// NATS users of deploy/nats/nats-server.conf, in trust domain mesh.local.
+const (
+	natsCatalog  = "service/catalog"
+	natsComposer = "service/composer"
+	natsBackup   = "operator/backup"
+	natsRestore  = "operator/restore"
+)
+
+// streamOf names the stream a subject a user may publish to acts on, and
+// what it does there: "data" (a bucket's own subjects), "ack"/"fc" (a
+// consumer's acknowledgements and flow control), or the JetStream API verb
+// (STREAM.INFO, CONSUMER.CREATE, DIRECT.GET, ...). ok is false for a subject
+// naming no single stream.
+func streamOf(subject string) (stream, verb string, ok bool) {
+	for _, p := range []struct {
+		re   *regexp.Regexp
+		verb string
+	}{
+		{regexp.MustCompile(`^\$KV\.([-\w]+)\.>$`), "data"},
+		{regexp.MustCompile(`^\$O\.([-\w]+)\.>$`), "data"},
+		{regexp.MustCompile(`^\$JS\.ACK\.(?:\*\.\*\.)?([-\w]+)\.>$`), "ack"},
+		{regexp.MustCompile(`^\$JS\.FC\.(?:\*\.\*\.)?([-\w]+)\.>$`), "fc"},
+		{regexp.MustCompile(`^\$JS\.API\.(STREAM\.(?:INFO|CREATE|UPDATE|PURGE|DELETE|MSG\.GET|MSG\.DELETE))\.([-\w]+)$`), ""},
+		{regexp.MustCompile(`^\$JS\.API\.(DIRECT\.GET)\.([-\w]+)(?:\.>)?$`), ""},
+		{regexp.MustCompile(`^\$JS\.API\.(CONSUMER\.(?:CREATE|DURABLE\.CREATE|INFO|DELETE|MSG\.NEXT))\.([-\w]+)(?:\.>|\.\*)?$`), ""},
+	} {
+		m := p.re.FindStringSubmatch(subject)
+		switch {
+		case m == nil:
+			continue
+		case p.verb == "":
+			return m[2], m[1], true
+		case strings.HasPrefix(subject, "$KV."):
+			return "KV_" + m[1], p.verb, true
+		case strings.HasPrefix(subject, "$O."):
+			return "OBJ_" + m[1], p.verb, true
+		default:
+			return m[1], p.verb, true
+		}
+	}
+	return "", "", false
+}
+
+// natsGrants is what a user may do: verbs (streamOf) by stream.
+type natsGrants map[string]map[string]bool
+
+func (g natsGrants) add(stream string, verbs ...string) {
+	if g[stream] == nil {
+		g[stream] = map[string]bool{}
+	}
+	for _, v := range verbs {
+		g[stream][v] = true
+	}
+}
+
+// Verbs of a stream's reader (ordered consumers, message gets), its writer
+// and its owner (a service that creates and watches its buckets).
+var (
+	readVerbs  = []string{"STREAM.INFO", "STREAM.MSG.GET", "DIRECT.GET", "CONSUMER.CREATE", "CONSUMER.INFO", "CONSUMER.DELETE", "CONSUMER.MSG.NEXT", "fc"}
+	writeVerbs = []string{"data", "STREAM.CREATE", "STREAM.UPDATE"}
+	ownVerbs   = append(append([]string{"STREAM.PURGE", "ack"}, readVerbs...), writeVerbs...)
+)
+
+func streamName(bucket string) string {
+	for _, o := range natsx.ObjectStores(1) {
+		if o.Bucket == bucket {
+			return "OBJ_" + bucket
+		}
+	}
+	return "KV_" + bucket
+}
+
+// wantNATSGrants is what each NATS user must be able to do and no more:
+// each service owns its buckets; backup reads the streams an archive holds
+// (backup.Buckets); restore writes those (an object put replaces chunks by
+// purging them) and reads whether a composer holds the lease.
+func wantNATSGrants() map[string]natsGrants {
+	want := map[string]natsGrants{natsCatalog: {}, natsComposer: {}, natsBackup: {}, natsRestore: {}}
+	var all []string
 	for _, b := range append(natsx.Buckets(3), natsx.LeaseSpec(3, time.Minute)) {
-		check(b.Bucket, "$KV."+b.Bucket+".>", "KV_"+b.Bucket)
+		all = append(all, b.Bucket)
 	}
 	for _, o := range natsx.ObjectStores(3) {
-		check(o.Bucket, "$O."+o.Bucket+".>", "OBJ_"+o.Bucket)
+		all = append(all, o.Bucket)
 	}
-	for name, u := range users {
-		for _, s := range u.Permissions.Publish.Allow {
-			if s == ">" || strings.HasPrefix(s, "$JS.API.>") || strings.Contains(s, "STREAM.DELETE") || strings.Contains(s, ".LIST") || strings.Contains(s, "$JS.API.INFO") {
-				t.Errorf("%s may publish to %s", name, s)
-			}
+	for _, b := range all {
+		owner := natsComposer
+		if slices.Contains(catalogOwns, b) {
+			owner = natsCatalog
+		}
+		want[owner].add(streamName(b), ownVerbs...)
+	}
+	for _, b := range backup.Buckets {
+		want[natsBackup].add(streamName(b), readVerbs...)
+		want[natsRestore].add(streamName(b), append(readVerbs, writeVerbs...)...)
+		if streamName(b) == "OBJ_"+b {
+			want[natsRestore].add(streamName(b), "STREAM.PURGE")
+		}
+	}
+	want[natsRestore].add("KV_"+natsx.BucketComposerLease, "STREAM.INFO", "STREAM.MSG.GET")
+	return want
+}
+
+// checkNATSUsers checks that the users are exactly the catalog's, the
+// composer's, backup's and restore's, each able to do exactly what
+// wantNATSGrants says on the streams it names and nothing on any other:
+// every subject a user may publish to acts on one stream, none deletes a
+// stream or lists streams, and replies come only to _INBOX.
+func checkNATSUsers(t *testing.T, users []*server.User, trustDomain string) {
+	t.Helper()
+	byName := map[string]*server.User{}
+	for _, u := range users {
+		byName[u.Username] = u
+	}
+	want := wantNATSGrants()
+	var names []string
+	for who := range want {
+		names = append(names, "spiffe://"+trustDomain+"/"+who)
+	}
+	if got := slices.Sorted(mapsKeys(byName)); !slices.Equal(got, slices.Sorted(slices.Values(names))) {
+		t.Fatalf("NATS users %v, want exactly %v", got, slices.Sorted(slices.Values(names)))
+	}
+	haves := map[string]natsGrants{}
+	for who, grants := range want {
+		u := byName["spiffe://"+trustDomain+"/"+who]
+		if u.Permissions == nil || u.Permissions.Publish == nil || u.Permissions.Subscribe == nil {
+			t.Errorf("%s has no publish and subscribe permissions: it may do anything", who)
+			continue
+		}
+		if len(u.Permissions.Publish.Deny) > 0 || len(u.Permissions.Subscribe.Deny) > 0 || u.Permissions.Response != nil {
+			t.Errorf("%s: deny lists or allow_responses are not how these users are written", who)
 		}
 		if !slices.Equal(u.Permissions.Subscribe.Allow, []string{"_INBOX.>"}) {
-			t.Errorf("%s may subscribe to %v, want only _INBOX.>", name, u.Permissions.Subscribe.Allow)
+			t.Errorf("%s may subscribe to %v, want only _INBOX.>", who, u.Permissions.Subscribe.Allow)
+		}
+		have := natsGrants{}
+		haves[who] = have
+		for _, s := range u.Permissions.Publish.Allow {
+			stream, verb, ok := streamOf(s)
+			if !ok {
+				t.Errorf("%s may publish to %s, which acts on no one stream", who, s)
+				continue
+			}
+			if verb == "STREAM.DELETE" || verb == "STREAM.MSG.DELETE" || verb == "CONSUMER.DURABLE.CREATE" {
+				t.Errorf("%s may publish to %s", who, s)
+			}
+			have.add(stream, verb)
+		}
+		for stream, verbs := range have {
+			for verb := range verbs {
+				if !grants[stream][verb] {
+					t.Errorf("%s may %s %s; it needs not", who, verbWords(verb), stream)
+				}
+			}
+		}
+		for stream, verbs := range grants {
+			for verb := range verbs {
+				if !have[stream][verb] {
+					t.Errorf("%s may not %s %s, which it needs", who, verbWords(verb), stream)
+				}
+			}
 		}
 	}
+	// What the operators' users must never do, said once more plainly.
+	for _, b := range backup.Buckets {
+		for _, verb := range []string{"data", "STREAM.CREATE", "STREAM.UPDATE", "STREAM.PURGE", "ack"} {
+			if haves[natsBackup][streamName(b)][verb] {
+				t.Errorf("backup may %s %s", verbWords(verb), streamName(b))
+			}
+		}
+	}
+	for _, b := range []string{natsx.BucketComposed, natsx.BucketHaves, natsx.BucketStatus} {
+		if len(haves[natsBackup]["KV_"+b]) > 0 || len(haves[natsRestore]["KV_"+b]) > 0 {
+			t.Errorf("backup or restore may touch %s, which no archive holds", b)
+		}
+	}
+}
+
+// verbWords says a verb of streamOf in words.
+func verbWords(verb string) string {
+	switch verb {
+	case "data":
+		return "publish to the subjects of"
+	case "ack":
+		return "acknowledge consumer messages of"
+	case "fc":
+		return "answer flow control of"
+	}
+	return "call " + verb + " on"
 }
 
 func mapsKeys[V any](m map[string]V) func(func(string) bool) {
