@@ -1,17 +1,26 @@
 // Package multiproc runs the mesh as deploy/ runs it — a nats-server process
-// and each service its own process, built from this tree, configured by YAML
-// files, over loopback mTLS with certificates and keys made by meshctl — and
-// drives it with the meshctl binary as a builder and an operator would.
+// configured as deploy/nats's (TLS 1.3, certificates mapped to per-service
+// users) and each service its own process, built from this tree,
+// configured by YAML files, over loopback mTLS with certificates and keys
+// made by meshctl — and drives it with the meshctl binary as a builder and
+// an operator would.
 package multiproc
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"mesh.dev/internal/natsx"
 	"mesh.dev/tests/internal/procmesh"
 )
 
@@ -24,7 +33,8 @@ const convergeTimeout = 3 * time.Minute
 // TestMultiProcess registers the example modules, places them on three
 // nodes, approves the first placements MANUAL modules hold, converges, then
 // publishes an edited module and converges again, checking the files each
-// engine wrote into its root.
+// engine wrote into its root; then backs JetStream up and restores it as
+// the operators' NATS users of deploy/nats (backupAndRestore).
 func TestMultiProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the whole mesh as processes")
@@ -112,6 +122,8 @@ func TestMultiProcess(t *testing.T) {
 		}
 	}
 
+	backupAndRestore(t, m)
+
 	// The signer's audit log is an intact hash chain once it stopped.
 	if err := m.Proc("mesh-signer").Stop(); err != nil {
 		t.Fatal(err)
@@ -146,5 +158,130 @@ func appendFile(t *testing.T, path, s string) {
 	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// backupAndRestore backs JetStream up as the backup operator's NATS user
+// (deploy/nats), verifies the archive, checks that user can neither write
+// nor delete nor read beyond the truth, and restores the archive into a
+// second, empty nats-server as the restore operator's user, which may not
+// delete a stream either.
+func backupAndRestore(t *testing.T, m *procmesh.Mesh) {
+	t.Helper()
+	archive := filepath.Join(t.TempDir(), "mesh-backup.tar")
+	out, err := procmesh.Run("", nil, m.Bin.Meshctl, append([]string{"backup", "--out", archive}, m.NATSFlags(m.NATSURL, "operator-backup")...)...)
+	if err != nil || !strings.Contains(out, "verified") {
+		t.Fatalf("meshctl backup as operator/backup: %v\n%s", err, out)
+	}
+	out, err = procmesh.Run("", nil, m.Bin.Meshctl, "backup", "verify", archive)
+	if err != nil || !strings.Contains(out, ": OK (") {
+		t.Fatalf("meshctl backup verify: %v\n%s", err, out)
+	}
+	for _, bucket := range []string{natsx.BucketNodes, natsx.BucketAssignments, natsx.BucketCatalogEntries, natsx.ObjectStoreArtifacts} {
+		if !regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(bucket) + `\s+[1-9]`).MatchString(out) {
+			t.Errorf("the archive holds nothing of %s:\n%s", bucket, out)
+		}
+	}
+
+	backupUser := connectNATS(t, m, m.NATSURL, "operator-backup")
+	spec := "$KV." + natsx.BucketNodes + "." + m.Engines[0].Node
+	backupUser.refused(t, spec, func(ctx context.Context, js jetstream.JetStream) error {
+		_, err := js.Publish(ctx, spec, []byte("overwritten"))
+		return err
+	})
+	backupUser.refused(t, "$JS.API.STREAM.DELETE.KV_"+natsx.BucketNodes, func(ctx context.Context, js jetstream.JetStream) error {
+		return js.DeleteStream(ctx, "KV_"+natsx.BucketNodes)
+	})
+	backupUser.refused(t, "$JS.API.STREAM.INFO.KV_"+natsx.BucketHaves, func(ctx context.Context, js jetstream.JetStream) error {
+		_, err := js.Stream(ctx, "KV_"+natsx.BucketHaves)
+		return err
+	})
+	if _, err := backupUser.js.Stream(t.Context(), "KV_"+natsx.BucketNodes); err != nil {
+		t.Errorf("backup cannot read the nodes stream: %v", err)
+	}
+
+	url, _ := m.StartNATS("nats-restored")
+	out, err = procmesh.Run("", nil, m.Bin.Meshctl, append([]string{"restore"}, append(m.NATSFlags(url, "operator-restore"), archive)...)...)
+	if err != nil || !strings.Contains(out, "restored the backup") {
+		t.Fatalf("meshctl restore as operator/restore into an empty nats-server: %v\n%s", err, out)
+	}
+	restoreUser := connectNATS(t, m, url, "operator-restore")
+	restoreUser.refused(t, "$JS.API.STREAM.DELETE.KV_"+natsx.BucketAssignments, func(ctx context.Context, js jetstream.JetStream) error {
+		return js.DeleteStream(ctx, "KV_"+natsx.BucketAssignments)
+	})
+	st, err := restoreUser.js.Stream(t.Context(), "KV_"+natsx.BucketAssignments)
+	if err != nil {
+		t.Fatalf("restored assignments: %v", err)
+	}
+	if n := st.CachedInfo().State.NumSubjects; n != uint64(len(m.Engines)) {
+		t.Errorf("the restored assignments hold %d keys, want one per node (%d)", n, len(m.Engines))
+	}
+	// The servers refused only what was tried above, and only to the
+	// operators (procmesh fails the test for any refusal of a service).
+	refusals := m.NATSRefusals()
+	for _, line := range refusals {
+		if !strings.Contains(line, "/operator/backup") && !strings.Contains(line, "/operator/restore") {
+			t.Errorf("NATS refused: %s", line)
+		}
+	}
+	t.Logf("NATS refused the operators %d times, as tried:\n%s", len(refusals), strings.Join(refusals, "\n"))
+}
+
+// natsUser is a connection to a nats-server of the mesh as the NATS user an
+// identity's certificate maps to, which hears what the server refuses it.
+type natsUser struct {
+	js      jetstream.JetStream
+	refusal chan string
+}
+
+func connectNATS(t *testing.T, m *procmesh.Mesh, url, basename string) *natsUser {
+	t.Helper()
+	ca, cert, key := m.CertFiles(basename)
+	u := &natsUser{refusal: make(chan string, 16)}
+	nc, err := nats.Connect(url, nats.Name("multiproc-"+basename), nats.Secure(&tls.Config{MinVersion: tls.VersionTLS13}),
+		nats.RootCAs(ca), nats.ClientCert(cert, key),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				select {
+				case u.refusal <- err.Error():
+				default:
+				}
+			}
+		}))
+	if err != nil {
+		t.Fatalf("NATS as %s: %v", basename, err)
+	}
+	t.Cleanup(nc.Close)
+	if u.js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// refused checks that the server refuses the publish to subject that do
+// makes: a refused JetStream request gets no reply, only a permissions
+// violation, which is waited for.
+func (u *natsUser) refused(t *testing.T, subject string, do func(context.Context, jetstream.JetStream) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- do(ctx, u.js) }()
+	for {
+		select {
+		case v := <-u.refusal:
+			if strings.Contains(v, `"`+subject+`"`) {
+				return
+			}
+		case err := <-done:
+			if err == nil {
+				t.Errorf("%s: allowed", subject)
+				return
+			}
+			done = nil // ended with the deadline or an error; the refusal says which
+		case <-ctx.Done():
+			t.Errorf("%s: no permissions violation within 20s", subject)
+			return
+		}
 	}
 }

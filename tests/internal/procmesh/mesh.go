@@ -18,6 +18,7 @@ import (
 
 	"mesh.dev/internal/grpcclient"
 	"mesh.dev/internal/pki"
+	"mesh.dev/tests/internal/natsconf"
 )
 
 // TrustDomain of the test mesh's certificates.
@@ -66,8 +67,9 @@ type Mesh struct {
 	Dir      string
 	CertsDir string
 	KeysDir  string
-	// NATSURL is the nats-server's client URL; NATSMonitor its monitoring
-	// address.
+	// NATSURL is the nats-server's client URL (tls://, a client
+	// certificate mapped to a NATS user of deploy/nats required);
+	// NATSMonitor its monitoring address.
 	NATSURL     string
 	NATSMonitor string
 	Catalog     string
@@ -81,6 +83,8 @@ type Mesh struct {
 
 	t    testing.TB
 	opts Options
+	// natsServers name the nats-server processes StartNATS started.
+	natsServers []string
 }
 
 // Start makes certificates and keys with the meshctl and mesh-signer
@@ -95,7 +99,6 @@ func Start(t testing.TB, opts Options) *Mesh {
 		opts.Nodes = DefaultNodes
 	}
 	bin := Build(t)
-	natsServer := Tool(t, "nats-server")
 	dir := t.TempDir()
 	m := &Mesh{Bin: bin, Dir: dir, CertsDir: filepath.Join(dir, "certs"), KeysDir: filepath.Join(dir, "keys"),
 		Metrics: map[string]string{}, t: t, opts: opts}
@@ -108,24 +111,13 @@ func Start(t testing.TB, opts Options) *Mesh {
 
 	m.makeCertsAndKeys()
 
-	// nats-server: JetStream in the test's dir, every write fsynced before
-	// it is acknowledged, room for a 1 MiB value and its headers.
-	natsPort, monPort := freePort(t), freePort(t)
-	m.NATSURL = fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
-	m.NATSMonitor = fmt.Sprintf("127.0.0.1:%d", monPort)
-	natsConf := m.writeFile("config/nats-server.conf", fmt.Sprintf(`server_name: mesh-test
-listen: "127.0.0.1:%d"
-http: "127.0.0.1:%d"
-max_payload: 8MB
-jetstream {
-  store_dir: %q
-  sync_interval: always
-}
-`, natsPort, monPort, filepath.Join(dir, "nats")))
-	m.start("nats-server", nil, natsServer, "-c", natsConf)
-	m.waitReady("nats-server", func(ctx context.Context) error {
-		return httpOK(ctx, "http://"+m.NATSMonitor+"/healthz?js-enabled-only=true")
-	})
+	// nats-server as deploy/ runs it (natsconf): JetStream with every write
+	// fsynced, TLS 1.3 with client certificates mapped to the per-service
+	// users of deploy/nats/nats-server.conf; one server, on loopback.
+	m.NATSURL, m.NATSMonitor = m.StartNATS("nats-server")
+	natsClient := func(basename string) string {
+		return fmt.Sprintf("  url: %s\n  ca_file: %s\n  cert_file: %s\n  key_file: %s\n", m.NATSURL, m.ca(), m.cert(basename), m.key(basename))
+	}
 
 	// The catalog.
 	m.Catalog = freeAddr(t)
@@ -136,8 +128,7 @@ cert_file: %s
 key_file: %s
 ca_file: %s
 nats:
-  url: %s
-`, m.Catalog, m.Metrics["mesh-catalog"], m.cert("catalog"), m.key("catalog"), m.ca(), m.NATSURL))
+%s`, m.Catalog, m.Metrics["mesh-catalog"], m.cert("catalog"), m.key("catalog"), m.ca(), natsClient("catalog")))
 	m.start("mesh-catalog", opts.Env, bin.Catalog, "serve", "--config", catalogConf)
 	m.waitReady("mesh-catalog", m.healthy(m.Catalog))
 
@@ -174,8 +165,7 @@ catalog_addr: %s
 holder: composer-1
 workers: 8
 nats:
-  url: %s
-`, m.Composer, m.Metrics["mesh-composer"], m.cert("composer"), m.key("composer"), m.ca(), m.roots(), m.Signer, m.Catalog, m.NATSURL))
+%s`, m.Composer, m.Metrics["mesh-composer"], m.cert("composer"), m.key("composer"), m.ca(), m.roots(), m.Signer, m.Catalog, natsClient("composer")))
 	m.start("mesh-composer", opts.Env, bin.Composer, "serve", "--config", composerConf)
 	m.waitReady("mesh-composer", m.healthy(m.Composer))
 
@@ -225,11 +215,76 @@ func (m *Mesh) makeCertsAndKeys() {
 	for _, node := range m.opts.Nodes {
 		m.run(m.Bin.Meshctl, "certs", "issue", "--dir", m.CertsDir, "--role", "node", "--name", node)
 	}
+	// The operators who back up and restore JetStream (NATS users of
+	// deploy/nats, as deploy/compose/gen.sh issues them).
+	for _, op := range []string{"backup", "restore"} {
+		m.run(m.Bin.Meshctl, "certs", "issue", "--dir", m.CertsDir, "--role", "operator", "--name", op)
+	}
 	m.run(m.Bin.Meshctl, "keys", "root-init", "--dir", m.KeysDir, "--name", "root")
 	m.run(m.Bin.Meshctl, "keys", "roots", "--threshold", "1", "--out", m.roots(), filepath.Join(m.KeysDir, "root.pub.json"))
 	m.run(m.Bin.Signer, "init", "--signing-key-file", m.signingKey())
 	m.run(m.Bin.Meshctl, "keys", "sign-keyset", "--version", "1", "--key", m.signingKey()+".pub.json",
 		"--root-key", filepath.Join(m.KeysDir, "root-key.pem"), "--roots", m.roots(), "--out", m.keyset())
+}
+
+// StartNATS starts a nats-server process of that name (nats-server, or
+// another for a second, empty JetStream) configured as deploy/ runs one
+// (natsconf.SingleServer of deploy/nats/nats-server.conf in the mesh's
+// trust domain, a server certificate of the mesh's CA), its store under
+// nats/<name>/, and waits until JetStream serves. It returns the client URL
+// (tls://) and the monitoring address.
+func (m *Mesh) StartNATS(name string) (url, monitor string) {
+	m.t.Helper()
+	base := filepath.Join(m.Dir, "nats", name)
+	ca, err := pki.LoadCA(m.ca(), filepath.Join(m.CertsDir, pki.CAKeyFile))
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	if err := natsconf.WriteServerCerts(ca, filepath.Join(base, "certs")); err != nil {
+		m.t.Fatal(err)
+	}
+	deploy, err := natsconf.Deploy()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	listen, monitor := freeAddr(m.t), freeAddr(m.t)
+	conf, err := natsconf.SingleServer(deploy, natsconf.Options{ServerName: name, Listen: listen, Monitor: monitor,
+		CertsDir: filepath.Join(base, "certs"), StoreDir: filepath.Join(base, "jetstream"), TrustDomain: TrustDomain})
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	path := m.writeFile(filepath.Join("config", name+".conf"), string(conf))
+	m.start(name, nil, Tool(m.t, "nats-server"), "-c", path)
+	m.natsServers = append(m.natsServers, name)
+	m.waitReady(name, func(ctx context.Context) error {
+		return httpOK(ctx, "http://"+monitor+"/healthz?js-enabled-only=true")
+	})
+	return "tls://" + listen, monitor
+}
+
+// NATSRefusals returns the lines of the nats-servers' logs saying a client
+// was refused a publish or subscription, or authorization.
+func (m *Mesh) NATSRefusals() []string {
+	var out []string
+	for _, name := range m.natsServers {
+		b, err := os.ReadFile(filepath.Join(m.Dir, "logs", name+".log"))
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s: %v", name, err))
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "Violation") || strings.Contains(line, "Authorization Error") {
+				out = append(out, name+": "+line)
+			}
+		}
+	}
+	return out
+}
+
+// NATSFlags are meshctl's flags that reach the NATS server at url as the
+// NATS user of an identity's certificate (operator-backup, operator-restore).
+func (m *Mesh) NATSFlags(url, basename string) []string {
+	return []string{"--nats-url", url, "--nats-ca", m.ca(), "--nats-cert", m.cert(basename), "--nats-key", m.key(basename)}
 }
 
 func (m *Mesh) ca() string                  { return filepath.Join(m.CertsDir, pki.CACertFile) }
@@ -411,6 +466,12 @@ func (m *Mesh) stop() {
 	}
 	if len(early) > 0 {
 		m.t.Errorf("procmesh: %s", strings.Join(early, "; "))
+	}
+	// A service's own traffic refused is a permission deploy/nats lacks.
+	for _, line := range m.NATSRefusals() {
+		if strings.Contains(line, "/service/") {
+			m.t.Errorf("procmesh: NATS refused a service what deploy/nats/nats-server.conf should allow it: %s", line)
+		}
 	}
 	if m.t.Failed() {
 		for _, p := range m.Procs {
