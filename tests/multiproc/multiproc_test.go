@@ -8,8 +8,6 @@ package multiproc
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"mesh.dev/internal/natsx"
+	"mesh.dev/tests/internal/natsprobe"
 	"mesh.dev/tests/internal/procmesh"
 )
 
@@ -185,18 +183,18 @@ func backupAndRestore(t *testing.T, m *procmesh.Mesh) {
 
 	backupUser := connectNATS(t, m, m.NATSURL, "operator-backup")
 	spec := "$KV." + natsx.BucketNodes + "." + m.Engines[0].Node
-	backupUser.refused(t, spec, func(ctx context.Context, js jetstream.JetStream) error {
+	refused(t, backupUser, spec, func(ctx context.Context, js jetstream.JetStream) error {
 		_, err := js.Publish(ctx, spec, []byte("overwritten"))
 		return err
 	})
-	backupUser.refused(t, "$JS.API.STREAM.DELETE.KV_"+natsx.BucketNodes, func(ctx context.Context, js jetstream.JetStream) error {
+	refused(t, backupUser, "$JS.API.STREAM.DELETE.KV_"+natsx.BucketNodes, func(ctx context.Context, js jetstream.JetStream) error {
 		return js.DeleteStream(ctx, "KV_"+natsx.BucketNodes)
 	})
-	backupUser.refused(t, "$JS.API.STREAM.INFO.KV_"+natsx.BucketHaves, func(ctx context.Context, js jetstream.JetStream) error {
+	refused(t, backupUser, "$JS.API.STREAM.INFO.KV_"+natsx.BucketHaves, func(ctx context.Context, js jetstream.JetStream) error {
 		_, err := js.Stream(ctx, "KV_"+natsx.BucketHaves)
 		return err
 	})
-	if _, err := backupUser.js.Stream(t.Context(), "KV_"+natsx.BucketNodes); err != nil {
+	if _, err := backupUser.JS.Stream(t.Context(), "KV_"+natsx.BucketNodes); err != nil {
 		t.Errorf("backup cannot read the nodes stream: %v", err)
 	}
 
@@ -206,10 +204,10 @@ func backupAndRestore(t *testing.T, m *procmesh.Mesh) {
 		t.Fatalf("meshctl restore as operator/restore into an empty nats-server: %v\n%s", err, out)
 	}
 	restoreUser := connectNATS(t, m, url, "operator-restore")
-	restoreUser.refused(t, "$JS.API.STREAM.DELETE.KV_"+natsx.BucketAssignments, func(ctx context.Context, js jetstream.JetStream) error {
+	refused(t, restoreUser, "$JS.API.STREAM.DELETE.KV_"+natsx.BucketAssignments, func(ctx context.Context, js jetstream.JetStream) error {
 		return js.DeleteStream(ctx, "KV_"+natsx.BucketAssignments)
 	})
-	st, err := restoreUser.js.Stream(t.Context(), "KV_"+natsx.BucketAssignments)
+	st, err := restoreUser.JS.Stream(t.Context(), "KV_"+natsx.BucketAssignments)
 	if err != nil {
 		t.Fatalf("restored assignments: %v", err)
 	}
@@ -227,61 +225,26 @@ func backupAndRestore(t *testing.T, m *procmesh.Mesh) {
 	t.Logf("NATS refused the operators %d times, as tried:\n%s", len(refusals), strings.Join(refusals, "\n"))
 }
 
-// natsUser is a connection to a nats-server of the mesh as the NATS user an
-// identity's certificate maps to, which hears what the server refuses it.
-type natsUser struct {
-	js      jetstream.JetStream
-	refusal chan string
-}
-
-func connectNATS(t *testing.T, m *procmesh.Mesh, url, basename string) *natsUser {
+// connectNATS connects to a nats-server of the mesh with an identity's
+// certificate, as the NATS user it maps to.
+func connectNATS(t *testing.T, m *procmesh.Mesh, url, basename string) *natsprobe.User {
 	t.Helper()
 	ca, cert, key := m.CertFiles(basename)
-	u := &natsUser{refusal: make(chan string, 16)}
-	nc, err := nats.Connect(url, nats.Name("multiproc-"+basename), nats.Secure(&tls.Config{MinVersion: tls.VersionTLS13}),
-		nats.RootCAs(ca), nats.ClientCert(cert, key),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			if errors.Is(err, nats.ErrPermissionViolation) {
-				select {
-				case u.refusal <- err.Error():
-				default:
-				}
-			}
-		}))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	u, err := natsprobe.Connect(ctx, url, "multiproc-"+basename, ca, cert, key)
 	if err != nil {
 		t.Fatalf("NATS as %s: %v", basename, err)
 	}
-	t.Cleanup(nc.Close)
-	if u.js, err = jetstream.New(nc); err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(u.Close)
 	return u
 }
 
-// refused checks that the server refuses the publish to subject that do
-// makes: a refused JetStream request gets no reply, only a permissions
-// violation, which is waited for.
-func (u *natsUser) refused(t *testing.T, subject string, do func(context.Context, jetstream.JetStream) error) {
+// refused checks that the server refuses u the publish to subject that do
+// makes.
+func refused(t *testing.T, u *natsprobe.User, subject string, do func(context.Context, jetstream.JetStream) error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- do(ctx, u.js) }()
-	for {
-		select {
-		case v := <-u.refusal:
-			if strings.Contains(v, `"`+subject+`"`) {
-				return
-			}
-		case err := <-done:
-			if err == nil {
-				t.Errorf("%s: allowed", subject)
-				return
-			}
-			done = nil // ended with the deadline or an error; the refusal says which
-		case <-ctx.Done():
-			t.Errorf("%s: no permissions violation within 20s", subject)
-			return
-		}
+	if err := u.Refused(t.Context(), 20*time.Second, subject, do); err != nil {
+		t.Error(err)
 	}
 }
