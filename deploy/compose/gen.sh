@@ -25,6 +25,9 @@
 #   catalog/, signer/, composer-1/, composer-2/, node-<name>/
 #                        each container's certificate, key, ca.pem, roots
 #                        and configuration file, mounted at /etc/mesh
+#   backup/, restore/    ca.pem and the operator-backup / operator-restore
+#                        certificate and key (NATS users of deploy/nats)
+#   backups/             where the compose backup service writes archives
 #   signer/state/        the signer's state dir (revisions, audit log)
 #   compose.env          variables docker-compose.yml reads (--env-file)
 #   otel.env             OTEL_* variables every service reads
@@ -92,6 +95,16 @@ for n in $nodes; do
 	meshctl certs issue --dir "$pki" --role node --name "$n" --dns "node-$n" >/dev/null
 	place "node-$n" "node-$n"
 done
+# The operators who back up and restore JetStream (meshctl backup, meshctl
+# restore): NATS users operator/backup (read-only) and operator/restore of
+# deploy/nats. Each directory is what that job mounts (compose services
+# backup and restore, the Kubernetes CronJob's Secret backup-tls); keep
+# restore/ offline with pki/ until a restore.
+for op in backup restore; do
+	meshctl certs issue --dir "$pki" --role operator --name "$op" >/dev/null
+	place "$op" "operator-$op"
+done
+mkdir -p "$dir/backups"
 
 # NATS servers: one certificate each for compose and machines, naming the
 # server as nats-N.nats (the network alias, and the Kubernetes pod behind the
@@ -208,14 +221,14 @@ chmod 644 "$dir/nats-server.conf"
 # --- ownership ------------------------------------------------------------
 if [ "$(id -u)" = 0 ]; then
 	uid=65532 gid=65532
-	for c in catalog signer composer-1 composer-2 nats-0 nats-1 nats-2; do
+	for c in catalog signer composer-1 composer-2 nats-0 nats-1 nats-2 backup restore backups; do
 		chown -R "$uid:$gid" "$dir/$c"
 	done
 else
 	uid=$(id -u) gid=$(id -g)
 fi
 chmod 755 "$dir"
-for c in catalog signer composer-1 composer-2 nats-0 nats-1 nats-2 nats-all $(for n in $nodes; do echo "node-$n"; done); do
+for c in catalog signer composer-1 composer-2 nats-0 nats-1 nats-2 nats-all backup restore backups $(for n in $nodes; do echo "node-$n"; done); do
 	chmod 700 "$dir/$c"
 done
 
@@ -224,6 +237,7 @@ cat >"$dir/compose.env" <<EOF
 MESH_DIR=$dir
 MESH_UID=$uid
 MESH_GID=$gid
+MESH_BACKUP_DIR=$dir/backups
 EOF
 cat >"$dir/otel.env" <<'EOF'
 # OTEL_* variables every mesh service reads (internal/telemetry). Set

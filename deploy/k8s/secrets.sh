@@ -7,11 +7,13 @@
 #
 # Secrets: nats-tls (the StatefulSet's certificate, naming all three
 # servers), catalog-tls, signer-tls, composer-tls (composer-1's; both
-# replicas mount it), signer-key (the online signing key). ConfigMap
+# replicas mount it), signer-key (the online signing key), backup-tls (the
+# read-only NATS user operator/backup of the backup CronJob; restore's
+# certificate, which may write JetStream, stays out of the cluster). ConfigMap
 # mesh-trust: ca.pem, roots.json, keyset.json (public). Node certificates
 # are not here: each goes onto its machine (see nodeengine.yaml).
 set -euo pipefail
-[ $# -eq 1 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -eq 1 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 dir=$1
 b64() { base64 -w0 <"$1"; }
 entries() { # entries DIR FILE...: "  FILE: <base64>" lines
@@ -39,6 +41,7 @@ secret catalog-tls "$dir/catalog" ca.pem catalog.pem catalog-key.pem
 secret signer-tls "$dir/signer" ca.pem signer.pem signer-key.pem
 secret composer-tls "$dir/composer-1" ca.pem composer.pem composer-key.pem
 secret signer-key "$dir/signer" signing-key.pem
+secret backup-tls "$dir/backup" ca.pem operator-backup.pem operator-backup-key.pem
 cat <<YAML
 ---
 apiVersion: v1

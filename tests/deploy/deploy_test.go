@@ -26,6 +26,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -463,6 +464,8 @@ func decodeStrict(t *testing.T, file string, data []byte) []object {
 			obj = &appsv1.StatefulSet{}
 		case "apps/v1/DaemonSet":
 			obj = &appsv1.DaemonSet{}
+		case "batch/v1/CronJob":
+			obj = &batchv1.CronJob{}
 		case "policy/v1/PodDisruptionBudget":
 			obj = &policyv1.PodDisruptionBudget{}
 		case "networking.k8s.io/v1/NetworkPolicy":
@@ -583,7 +586,7 @@ func TestServiceConfigs(t *testing.T) {
 func TestSystemdUnits(t *testing.T) {
 	root := repoRoot(t)
 	units, err := filepath.Glob(filepath.Join(root, "deploy/systemd/*.service"))
-	if err != nil || len(units) != 5 {
+	if err != nil || len(units) != 6 {
 		t.Fatalf("units %v: %v", units, err)
 	}
 	for _, u := range units {
@@ -656,9 +659,15 @@ func TestKubernetesManifests(t *testing.T) {
 			}
 		case *appsv1.DaemonSet:
 			workloads = append(workloads, workload{w.Name, -1, w.Spec.Template})
+		case *batchv1.CronJob:
+			// A job: no replicas, no probes; one run at a time.
+			workloads = append(workloads, workload{w.Name, 0, w.Spec.JobTemplate.Spec.Template})
+			if w.Spec.ConcurrencyPolicy != batchv1.ForbidConcurrent {
+				t.Errorf("cronjob %s may run twice at once: concurrencyPolicy Forbid", w.Name)
+			}
 		}
 	}
-	wantReplicas := map[string]int32{"nats": 3, "catalog": 1, "signer": 1, "composer": 2, "nodeengine": -1}
+	wantReplicas := map[string]int32{"nats": 3, "catalog": 1, "signer": 1, "composer": 2, "nodeengine": -1, "backup": 0}
 	if len(workloads) != len(wantReplicas) {
 		t.Errorf("%d workloads, want %d", len(workloads), len(wantReplicas))
 	}
@@ -693,7 +702,9 @@ func TestKubernetesManifests(t *testing.T) {
 				t.Errorf("%s: image %s is not built by deploy/images/build.sh (%v)", where, c.Image, images)
 			}
 			checkSecurity(t, w.name, where, c.SecurityContext)
-			checkProbes(t, w.name, where, c)
+			if w.replicas != 0 {
+				checkProbes(t, w.name, where, c)
+			}
 			for _, e := range c.EnvFrom {
 				if e.ConfigMapRef != nil && byKind["ConfigMap"][e.ConfigMapRef.Name].obj == nil {
 					t.Errorf("%s: envFrom ConfigMap %s does not exist", where, e.ConfigMapRef.Name)
