@@ -86,6 +86,10 @@ func newDeployment(t *testing.T, cli []string, root, dir string) *deployment {
 	// which picks anew whenever a container restarts (and the test restarts
 	// some); they never collide with a deployment an operator has up.
 	d.env = append(os.Environ(), "MESH_DIR="+dir)
+	// The images build.sh tagged (MESH_IMAGE_TAG) are the ones to run.
+	if tag := os.Getenv("MESH_IMAGE_TAG"); tag != "" && os.Getenv("MESH_TAG") == "" {
+		d.env = append(d.env, "MESH_TAG="+tag)
+	}
 	for _, v := range []string{"CATALOG", "SIGNER", "COMPOSER1", "COMPOSER2", "NODE_ACE", "NODE_BAY", "NODE_COD", "NATS0", "NATS1", "NATS2"} {
 		d.env = append(d.env, fmt.Sprintf("MESH_%s_PORT=%d", v, freePort(t)))
 	}
@@ -173,10 +177,16 @@ func (d *deployment) addr(service string, port int) string {
 
 // down removes the project's containers, network and volumes; the logs of
 // a failed run are kept in the test log first.
+// With MESH_COMPOSE_KEEP=1 a failed run's project is left up to look at
+// (docker-compose -p <project> ... down -v removes it).
 func (d *deployment) down() {
 	if d.t.Failed() {
 		if out, err := d.tryCompose(2*time.Minute, "logs", "--no-color", "--tail", "60"); err == nil {
 			d.t.Logf("logs of %s:\n%s", d.project, out)
+		}
+		if os.Getenv("MESH_COMPOSE_KEEP") == "1" {
+			d.t.Logf("MESH_COMPOSE_KEEP=1: project %s is left up (deployment %s)", d.project, d.dir)
+			return
 		}
 	}
 	if out, err := d.tryCompose(3*time.Minute, "down", "-v", "--remove-orphans", "-t", "5"); err != nil {
