@@ -1,0 +1,192 @@
+package faults
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"mesh.dev/internal/natsx"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+)
+
+func cloneExpect(e Expect) Expect {
+	out := Expect{}
+	for k, v := range e {
+		out[k] = v
+	}
+	return out
+}
+
+// changedCopy copies an example module with a line added at the top of one
+// of its files (a new version of it).
+func changedCopy(t *testing.T, module, rel, line string) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), module)
+	must(t, os.CopyFS(dst, os.DirFS(moduleDir(module))))
+	file := filepath.Join(dst, rel)
+	b, err := os.ReadFile(file)
+	must(t, err)
+	must(t, os.WriteFile(file, append([]byte(line), b...), 0o644))
+	return dst
+}
+
+// leaseHolder2 waits until a composer other than old holds the lease.
+func (r *run) leaseHolder2(old *Service) *Service {
+	r.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if h := r.leaseHolder(); h != old {
+			return h
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("no composer but %s took the lease", old.Name)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitSignedBy waits until every node's current manifest and every
+// composition it names are signed by key id (and only by it).
+func (r *run) waitSignedBy(id string) {
+	r.t.Helper()
+	r.waitFor("everything signed by "+id, ConvergeBound, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		kv, err := r.m.JS.KeyValue(ctx, natsx.BucketCompositions)
+		if err != nil {
+			return err
+		}
+		for _, e := range r.m.Engines {
+			a, _, err := r.m.Assignment(ctx, e.Node)
+			if err != nil {
+				return err
+			}
+			if err := signedOnlyBy(a.GetManifest(), id); err != nil {
+				return fmt.Errorf("%s's manifest: %w", e.Node, err)
+			}
+			for _, w := range a.GetWants() {
+				ce, err := kv.Get(ctx, w.GetCompositionKey())
+				if err != nil {
+					return err
+				}
+				env := &typev1.Envelope{}
+				if err := proto.Unmarshal(ce.Value(), env); err != nil {
+					return err
+				}
+				if err := signedOnlyBy(env, id); err != nil {
+					return fmt.Errorf("%s: %w", w.GetCompositionKey(), err)
+				}
+			}
+		}
+		return r.m.Converged(r.expect)
+	})
+}
+
+func signedOnlyBy(env *typev1.Envelope, id string) error {
+	for _, s := range env.GetSignatures() {
+		if s.GetKeyId() != id {
+			return fmt.Errorf("signed by %s", s.GetKeyId())
+		}
+	}
+	if len(env.GetSignatures()) == 0 {
+		return fmt.Errorf("not signed")
+	}
+	return nil
+}
+
+// waitKeysetTaken waits until every engine holds keyset version v.
+func (r *run) waitKeysetTaken(v uint64) {
+	r.t.Helper()
+	r.waitFor(fmt.Sprintf("every engine holds keyset version %d", v), ConvergeBound, func() error {
+		for _, e := range r.m.Engines {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			st, err := e.Status(ctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+			if st.GetKeysetVersion() != v {
+				return fmt.Errorf("%s holds keyset version %d", e.Node, st.GetKeysetVersion())
+			}
+		}
+		return nil
+	})
+}
+
+// rawAssignment returns the stored bytes of a node's assignment.
+func (r *run) rawAssignment(ctx context.Context, node string) []byte {
+	r.t.Helper()
+	kv, err := r.m.JS.KeyValue(ctx, natsx.BucketAssignments)
+	must(r.t, err)
+	e, err := kv.Get(ctx, node)
+	must(r.t, err)
+	return bytes.Clone(e.Value())
+}
+
+// rawWantedComposition returns the stored bytes of the composition a node's
+// assignment names for a module.
+func (r *run) rawWantedComposition(ctx context.Context, node, module string) []byte {
+	r.t.Helper()
+	a, _, err := r.m.Assignment(ctx, node)
+	must(r.t, err)
+	kv, err := r.m.JS.KeyValue(ctx, natsx.BucketCompositions)
+	must(r.t, err)
+	for _, w := range a.GetWants() {
+		if w.GetModule() == module {
+			e, err := kv.Get(ctx, w.GetCompositionKey())
+			must(r.t, err)
+			return bytes.Clone(e.Value())
+		}
+	}
+	r.t.Fatalf("%s wants no %s", node, module)
+	return nil
+}
+
+// putRaw writes bytes straight into a key, no CAS: what someone with write
+// access to NATS and no key can do.
+func (r *run) putRaw(ctx context.Context, bucket, key string, value []byte) {
+	r.t.Helper()
+	kv, err := r.m.JS.KeyValue(ctx, bucket)
+	must(r.t, err)
+	_, err = kv.Put(ctx, key, value)
+	must(r.t, err)
+}
+
+// newObjectOf returns an object the current composition of a module of a
+// node names that the engine has not applied yet.
+func (r *run) newObjectOf(ctx context.Context, node, module string) (string, error) {
+	a, _, err := r.m.Assignment(ctx, node)
+	if err != nil {
+		return "", err
+	}
+	_, applied := r.m.Rec.Applied(node)
+	kv, err := r.m.JS.KeyValue(ctx, natsx.BucketCompositions)
+	if err != nil {
+		return "", err
+	}
+	for _, w := range a.GetWants() {
+		if w.GetModule() != module || applied[module] == w.GetCompositionDigest() {
+			continue
+		}
+		e, err := kv.Get(ctx, w.GetCompositionKey())
+		if err != nil {
+			return "", err
+		}
+		_, c, err := decodeComposition(e)
+		if err != nil {
+			return "", err
+		}
+		for _, res := range c.GetResources() {
+			if d := res.GetObject().GetDigest(); d != "" {
+				return d, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("%s's current %s composition names no object it has not applied", node, module)
+}

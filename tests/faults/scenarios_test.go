@@ -1,0 +1,515 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"mesh.dev/internal/natsx"
+	"mesh.dev/internal/testutil"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	signerapp "mesh.dev/services/signer/app"
+)
+
+// TestComposerKilledBetweenSignAndWrite: the signer signs a batch of
+// compositions and, before its answer leaves, the composer that asked is
+// killed: signatures exist that were never written. Restarted, the composer
+// composes again; no manifest ever names what was not written.
+func TestComposerKilledBetweenSignAndWrite(t *testing.T) {
+	scenario(t, Options{}, func(r *run, i int) {
+		c := r.m.Composers[0]
+		wait := r.armSigner(faultPlan{Method: "SignCompositions", Nth: 1 + r.rng.IntN(2), KillPID: c.Pid()})
+		r.newMotd(i)
+		f := wait(time.Minute)
+		c.WaitEnded(30 * time.Second)
+		r.disarmSigner()
+		// What the signer signed in that call was not written when the
+		// composer died.
+		unwritten := 0
+		for _, d := range f.Digests {
+			if !r.m.Rec.Written(d) {
+				unwritten++
+			}
+		}
+		if !f.Killed || unwritten == 0 {
+			r.t.Fatalf("the kill did not land between sign and write: %+v, %d of %d signed digests unwritten", f, unwritten, len(f.Digests))
+		}
+		r.note("iteration %d: %d signed compositions never written when the composer died", i, unwritten)
+		c.Start()
+		r.healed("composer restarted")
+	})
+}
+
+// TestComposerKilledBetweenModuleWritesAndAssignment: the composer is
+// killed once it wrote some module compositions of a pass and before it
+// committed the nodes' assignments (the commit point of DESIGN.md §5.2.7).
+// Nothing the current manifests name may go missing; restarted, it
+// finishes the work.
+func TestComposerKilledBetweenModuleWritesAndAssignment(t *testing.T) {
+	scenario(t, Options{}, func(r *run, i int) {
+		c := r.m.Composers[0]
+		killed := make(chan struct{})
+		// Every node's pass writes its motd composition first (modules are
+		// written before the node's own, and the assignment after both).
+		cancel := r.onWrites(natsx.BucketCompositions, 1+r.rng.IntN(len(r.m.Engines)), func() {
+			c.proc.Signal(syscall.SIGKILL)
+			close(killed)
+		})
+		defer cancel()
+		fp := r.newMotd(i)
+		select {
+		case <-killed:
+		case <-time.After(time.Minute):
+			r.t.Fatal("the composer wrote no composition to be killed after")
+		}
+		c.WaitEnded(30 * time.Second)
+		// Which nodes' assignments still want the old motd: those the kill
+		// caught between their module writes and their assignment.
+		caught := 0
+		for _, e := range r.m.Engines {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			a, _, err := r.m.Assignment(ctx, e.Node)
+			cancel()
+			if err != nil {
+				r.t.Fatal(err)
+			}
+			for _, w := range a.GetWants() {
+				if w.GetModule() == "motd" && w.GetFingerprint() != fp {
+					caught++
+				}
+			}
+		}
+		r.note("iteration %d: %d of %d assignments not committed at the kill", i, caught, len(r.m.Engines))
+		c.Start()
+		r.healed("composer restarted")
+	})
+}
+
+// TestSignerKilledMidBatch: the signer is killed while it signs a batch of
+// compositions or manifests, at a random moment from its arrival (before
+// its request record, between its records, or with the signed record made
+// and the answer not sent). Its audit chain still verifies, no revision it
+// acknowledged is handed out again, and the composer gets on once it is
+// back.
+func TestSignerKilledMidBatch(t *testing.T) {
+	scenario(t, Options{}, func(r *run, i int) {
+		method := pick(r, []string{"SignCompositions", "SignManifests"})
+		wait := r.armSigner(faultPlan{Method: method, Nth: 1 + r.rng.IntN(2), KillSelfAfter: r.between(0, 3*time.Millisecond)})
+		r.newMotd(i)
+		f := wait(time.Minute)
+		r.m.Signer.WaitEnded(30 * time.Second)
+		r.disarmSigner()
+		rep, err := signerapp.VerifyAudit(filepath.Join(r.m.Dir, "signer", "state"))
+		if err != nil {
+			r.t.Fatalf("audit verify after the kill: %v", err)
+		}
+		r.note("iteration %d: %s; audit chain of %d records verifies (torn tail %v)", i, f.What, rep.Records, rep.Torn)
+		r.m.Signer.Start()
+		r.healed("signer restarted")
+	})
+}
+
+// TestJetStreamRestoredFromOlderSnapshot: nats-server's store goes back to
+// a snapshot taken before the last change (what a power loss does to a
+// disk that lied about its fsyncs, or a VM restored from an image; kill -9
+// never does it): acknowledged writes are gone, among them the manifests
+// the engines applied last. The mesh must converge again on what the store
+// now says, with manifest revisions that still only go up, and then on the
+// change published again.
+func TestJetStreamRestoredFromOlderSnapshot(t *testing.T) {
+	scenario(t, Options{}, func(r *run, i int) {
+		snap := filepath.Join(r.m.Dir, "snapshots", fmt.Sprintf("%d", i))
+		r.m.NATS.Stop()
+		r.m.NATS.Snapshot(snap)
+		r.m.NATS.Start()
+		r.m.Rec.Rewatch()
+		before := cloneExpect(r.expect)
+		r.healed("nats-server restarted after the snapshot")
+		r.newMotd(i)
+		r.healed("the change before the loss")
+		r.m.NATS.Kill()
+		r.m.NATS.Restore(snap)
+		r.m.NATS.Start()
+		r.m.Rec.Rewatch()
+		// The registration of the new motd is gone with the rest: the
+		// fleet goes back to what the store says, at higher revisions.
+		r.expect = before
+		r.healed("the store went back to the snapshot")
+		r.newMotd(i)
+		r.healed("the change published again")
+	})
+}
+
+// TestKeyRotationDrill: a keyset listing the old key RETIRED and a new one
+// ACTIVE, the signer restarted on the new key; then a keyset without the
+// old key. No engine reports a failed apply at any point, and everything
+// ends signed by the new key.
+func TestKeyRotationDrill(t *testing.T) {
+	scenario(t, Options{}, func(r *run, i int) {
+		from := time.Now()
+		old := r.m.SigningKey
+		next := testutil.NewKey(t)
+		r.m.Keyset = &Keyset{Version: r.m.Keyset.Version + 1, Keys: []KeysetKey{{Key: old, State: KeyRetired}, {Key: next, State: KeyActive}}}
+		r.m.SigningKey = next
+		r.m.Signer.Stop()
+		r.m.writeSignerKey()
+		r.m.Signer.Start()
+		r.healed("signer restarted on the new key")
+		r.waitSignedBy(KeyID(next))
+		r.m.Keyset = &Keyset{Version: r.m.Keyset.Version + 1, Keys: []KeysetKey{{Key: next, State: KeyActive}}}
+		r.m.writeKeyset()
+		r.waitKeysetTaken(r.m.Keyset.Version)
+		r.newMotd(i)
+		r.healed("the old key left the keyset")
+		if failed := r.m.Rec.FailedSince(from); len(failed) > 0 {
+			r.t.Errorf("the rotation drill made engines fail %d applies, first %s", len(failed), failed[0])
+		}
+		r.note("iteration %d: keyset version %d, no failed apply", i, r.m.Keyset.Version)
+	})
+}
+
+// TestRevokedKey: the signer's key is revoked (a keyset listing it REVOKED
+// and a new key ACTIVE) and the signer restarted on the new key. Nothing
+// the revoked key signed is applied once an engine holds that keyset; the
+// fleet converges on what the new key signs.
+func TestRevokedKey(t *testing.T) {
+	scenario(t, Options{}, func(r *run, i int) {
+		bad := r.m.SigningKey
+		next := testutil.NewKey(t)
+		r.m.Keyset = &Keyset{Version: r.m.Keyset.Version + 1, Keys: []KeysetKey{{Key: bad, State: KeyRevoked}, {Key: next, State: KeyActive}}}
+		r.m.SigningKey = next
+		r.m.Signer.Stop()
+		r.m.writeSignerKey()
+		r.m.Signer.Start()
+		r.newMotd(i)
+		r.healed("the revoked key replaced")
+		r.waitSignedBy(KeyID(next))
+		r.note("iteration %d: key %s revoked", i, KeyID(bad))
+	})
+}
+
+// TestNodeDeletedAndRecreated: a node's spec is deleted and put again (a
+// machine re-provisioned under its name): its manifest revisions never go
+// back, and it converges.
+func TestNodeDeletedAndRecreated(t *testing.T) {
+	scenario(t, Options{}, func(r *run, i int) {
+		idx := r.rng.IntN(len(r.m.Engines))
+		node := r.m.Engines[idx].Node
+		r.waitFor("delete node "+node, time.Minute, func() error {
+			return r.m.Operator(func(ctx context.Context, c composerv1.ComposerServiceClient) error {
+				_, err := c.DeleteNode(ctx, &composerv1.DeleteNodeRequest{Node: node})
+				return err
+			})
+		})
+		time.Sleep(r.between(0, 2*time.Second))
+		r.newMotd(i)
+		if r.rng.IntN(2) == 0 {
+			// The engine restarts meanwhile, as a re-provisioned machine's.
+			r.m.Engines[idx].Kill()
+			r.m.Engines[idx].Start()
+		}
+		r.m.PutNode(node, idx)
+		r.healed("node " + node + " put again")
+		r.note("iteration %d: %s deleted and put again", i, node)
+	})
+}
+
+// TestNATSRestartedDuringBulkCompose: nats-server is restarted — gracefully
+// or with kill -9 — while the composer composes every module anew for
+// every node (new versions of all of them at once).
+func TestNATSRestartedDuringBulkCompose(t *testing.T) {
+	for _, how := range []string{"graceful", "kill -9"} {
+		t.Run(strings.ReplaceAll(how, " ", ""), func(t *testing.T) {
+			scenario(t, Options{Nodes: []string{"ace", "bay", "cod", "dab", "eel", "fin"}}, func(r *run, i int) {
+				restarted := make(chan struct{})
+				cancel := r.onWrites(natsx.BucketCompositions, 1+r.rng.IntN(12), func() {
+					go func() {
+						if how == "graceful" {
+							r.m.NATS.Stop()
+						} else {
+							r.m.NATS.Kill()
+						}
+						close(restarted)
+					}()
+				})
+				defer cancel()
+				r.newMotd(i)
+				r.expect["sshd"] = r.m.publish("sshd", changedCopy(t, "sshd", "files/sshd_config", fmt.Sprintf("# %s %d\n", t.Name(), i)))
+				r.expect["ca-bundle"] = r.m.publish("ca-bundle", changedCopy(t, "ca-bundle", "files/ca-bundle.pem", fmt.Sprintf("# %s %d\n", t.Name(), i)))
+				select {
+				case <-restarted:
+				case <-time.After(time.Minute):
+					r.t.Fatal("the composer wrote nothing to restart nats-server in the middle of")
+				}
+				r.m.NATS.Start()
+				r.m.Rec.Rewatch()
+				r.healed("nats-server back (" + how + ")")
+			})
+		})
+	}
+}
+
+// TestTwoComposersRacing: the lease holder is paused in the middle of a
+// pass (SIGSTOP: a GC storm, a VM paused), the other replica takes the
+// lease and composes the same nodes; then the old holder resumes and goes
+// on with its pass, racing the new holder on the same keys. Its sign
+// requests carry a fencing epoch the signer refuses, and its writes are
+// CAS: it can neither sign nor overwrite.
+func TestTwoComposersRacing(t *testing.T) {
+	scenario(t, Options{Composers: 2}, func(r *run, i int) {
+		old := r.leaseHolder()
+		paused := make(chan struct{})
+		cancel := r.onWrites(natsx.BucketCompositions, 1, func() {
+			old.Pause()
+			close(paused)
+		})
+		defer cancel()
+		r.newMotd(i)
+		select {
+		case <-paused:
+		case <-time.After(time.Minute):
+			r.t.Fatal("the holder wrote nothing to be paused in the middle of")
+		}
+		next := r.leaseHolder2(old)
+		r.healed("the other replica took over with " + old.Name + " paused")
+		r.newMotd(100 + i)
+		old.Resume()
+		r.healed(old.Name + " resumed")
+		r.note("iteration %d: %s paused mid-pass, %s took over; refusals in %s's log: %d", i, old.Name, next.Name, old.Name,
+			strings.Count(old.Output(4<<20), "fencing epoch"))
+	})
+}
+
+// TestLeaseHolderKilled: the lease holder is killed at a random moment
+// after a change; the other replica takes over within the lease TTL and
+// the fleet converges; the killed replica comes back as a standby.
+func TestLeaseHolderKilled(t *testing.T) {
+	scenario(t, Options{Composers: 2}, func(r *run, i int) {
+		old := r.leaseHolder()
+		r.newMotd(i)
+		time.Sleep(r.between(0, 500*time.Millisecond))
+		old.Kill()
+		killedAt := time.Now()
+		next := r.leaseHolder2(old)
+		r.note("iteration %d: %s took the lease %.1fs after %s was killed", i, next.Name, time.Since(killedAt).Seconds(), old.Name)
+		r.healed("the other replica took over")
+		old.Start()
+	})
+}
+
+// TestEngineCutOffAndHealed: one engine is cut off the composers (every
+// connection dropped, none let through) while a change goes out: the
+// others converge, it applies nothing new; healed, it converges.
+func TestEngineCutOffAndHealed(t *testing.T) {
+	scenario(t, Options{}, func(r *run, i int) {
+		cut := pick(r, r.m.Engines)
+		cut.Proxy.Cut()
+		fp := r.newMotd(i)
+		var rest []string
+		for _, e := range r.m.Engines {
+			if e != cut {
+				rest = append(rest, e.Node)
+			}
+		}
+		r.healed("the others, with "+cut.Node+" cut off", rest...)
+		if err := r.m.Converged(r.expect, cut.Node); err == nil {
+			r.t.Fatalf("%s converged on motd %s while cut off", cut.Node, fp)
+		}
+		time.Sleep(r.between(0, 2*time.Second))
+		cut.Proxy.Heal()
+		r.healed(cut.Node + " healed")
+	})
+}
+
+// TestEngineKilledMidApply: an engine is killed with SIGKILL at a random
+// moment while it applies a change of several modules, and restarted: the
+// change is fully applied, never half (the journal is finished or rolled
+// back), and the motd on disk is the new one.
+func TestEngineKilledMidApply(t *testing.T) {
+	scenario(t, Options{}, func(r *run, i int) {
+		e := pick(r, r.m.Engines)
+		tag := fmt.Sprintf("%s iteration %d", t.Name(), i)
+		r.expect["motd"] = r.m.PublishMotd(tag)
+		r.expect["ca-bundle"] = r.m.publish("ca-bundle", changedCopy(t, "ca-bundle", "files/ca-bundle.pem", "# "+tag+"\n"))
+		time.Sleep(r.between(0, 400*time.Millisecond))
+		e.Kill()
+		e.Start()
+		r.healed(e.Node + " restarted")
+		b, err := os.ReadFile(filepath.Join(e.Root, "etc", "motd"))
+		if err != nil || !strings.Contains(string(b), tag) {
+			r.t.Fatalf("%s: /etc/motd after the kill is %q (%v), want the version saying %q", e.Node, b, err, tag)
+		}
+	})
+}
+
+// TestCorruptCompositionAndObject: bad bytes are written straight into a
+// composition key and into an object a node is about to fetch (the engine
+// is cut off while the composer writes them, and the corruption lands
+// before it is healed). The engine refuses them and reports why; the
+// composer repairs both; the fleet converges.
+func TestCorruptCompositionAndObject(t *testing.T) {
+	scenario(t, Options{}, func(r *run, i int) {
+		e := pick(r, r.m.Engines)
+		e.Proxy.Cut()
+		from := time.Now()
+		tag := fmt.Sprintf("%s iteration %d", t.Name(), i)
+		r.expect["motd"] = r.m.PublishMotd(tag)
+		r.expect["ca-bundle"] = r.m.publish("ca-bundle", changedCopy(t, "ca-bundle", "files/ca-bundle.pem", "# "+tag+"\n"))
+		var key, object string
+		r.waitFor("the composer composed the change for "+e.Node, time.Minute, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			a, _, err := r.m.Assignment(ctx, e.Node)
+			if err != nil {
+				return err
+			}
+			for _, w := range a.GetWants() {
+				if w.GetModule() == "motd" && w.GetFingerprint() == r.expect["motd"] {
+					key = w.GetCompositionKey()
+				}
+			}
+			if key == "" {
+				return fmt.Errorf("%s's assignment does not want the new motd yet", e.Node)
+			}
+			object, err = r.newObjectOf(ctx, e.Node, "ca-bundle")
+			if err != nil {
+				return err
+			}
+			return nil
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		must(t, r.m.CorruptComposition(ctx, key))
+		must(t, r.m.CorruptObject(ctx, object))
+		e.Proxy.Heal()
+		r.waitFor(e.Node+" reports the refusal", time.Minute, func() error {
+			for _, f := range r.m.Rec.FailedSince(from) {
+				if f.Node == e.Node {
+					return nil
+				}
+			}
+			return fmt.Errorf("%s reported no failed attempt", e.Node)
+		})
+		r.healed("the composer repaired " + key + " and object " + object)
+		for what, ok := range map[string]func() (bool, error){
+			key:    func() (bool, error) { return r.m.CompositionHeld(ctx, key, "") },
+			object: func() (bool, error) { return r.m.ObjectHeld(ctx, object) },
+		} {
+			if held, err := ok(); err != nil || !held {
+				r.t.Fatalf("%s not repaired: %v", what, err)
+			}
+			r.m.Rec.Repaired(what)
+		}
+		var codes []string
+		for _, f := range r.m.Rec.FailedSince(from) {
+			codes = append(codes, f.Code.String())
+		}
+		r.note("iteration %d: %s refused with %s", i, e.Node, strings.Join(codes, ", "))
+	})
+}
+
+// TestReplayOldManifestAndComposition: an old signed manifest is written
+// back into a node's assignment, and an old signed composition into the
+// key its current manifest names, straight into JetStream (a replay by
+// someone who can write to NATS but holds no key). Signatures verify, so
+// only revisions and digests stop them: the engine applies neither, and
+// the mesh converges past them.
+func TestReplayOldManifestAndComposition(t *testing.T) {
+	scenario(t, Options{}, func(r *run, i int) {
+		e := pick(r, r.m.Engines)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		oldAssignment, oldComposition := r.rawAssignment(ctx, e.Node), r.rawWantedComposition(ctx, e.Node, "motd")
+		r.newMotd(i)
+		r.healed("the change before the replay")
+		e.Proxy.Cut()
+		r.newMotd(100 + i)
+		var key string
+		r.waitFor("the composer composed the change for "+e.Node, time.Minute, func() error {
+			a, _, err := r.m.Assignment(ctx, e.Node)
+			if err != nil {
+				return err
+			}
+			for _, w := range a.GetWants() {
+				if w.GetModule() == "motd" && w.GetFingerprint() == r.expect["motd"] {
+					key = w.GetCompositionKey()
+					return nil
+				}
+			}
+			return fmt.Errorf("%s's assignment does not want the new motd yet", e.Node)
+		})
+		r.putRaw(ctx, natsx.BucketCompositions, key, oldComposition)
+		r.m.Rec.Inject(key)
+		r.putRaw(ctx, natsx.BucketAssignments, e.Node, oldAssignment)
+		e.Proxy.Heal()
+		r.healed("replays of an old manifest and composition to " + e.Node)
+		r.m.Rec.Repaired(key)
+	})
+}
+
+// TestReconnectStorm: every engine of a larger fleet loses its stream at
+// once and they all come back at once — either a cut healed for all, or
+// the composer restarted — while a change goes out.
+func TestReconnectStorm(t *testing.T) {
+	var nodes []string
+	for i := 0; i < 12; i++ {
+		nodes = append(nodes, fmt.Sprintf("n%02d", i))
+	}
+	scenario(t, Options{Nodes: nodes}, func(r *run, i int) {
+		if r.rng.IntN(2) == 0 {
+			for _, e := range r.m.Engines {
+				e.Proxy.Cut()
+			}
+			r.newMotd(i)
+			time.Sleep(r.between(500*time.Millisecond, 2*time.Second))
+			for _, e := range r.m.Engines {
+				e.Proxy.Heal()
+			}
+			r.note("iteration %d: %d engines cut and healed at once", i, len(r.m.Engines))
+		} else {
+			c := r.m.Composers[0]
+			c.Kill()
+			r.newMotd(i)
+			c.Start()
+			r.note("iteration %d: the composer restarted under %d engines", i, len(r.m.Engines))
+		}
+		r.healed("the storm")
+	})
+}
+
+// TestSlowEngine: one engine stops reading its stream (SIGSTOP) while
+// changes go out: the composer never waits for it — the others converge on
+// every change — and, resumed, it converges on the latest.
+func TestSlowEngine(t *testing.T) {
+	scenario(t, Options{}, func(r *run, i int) {
+		slow := pick(r, r.m.Engines)
+		slow.Pause()
+		var rest []string
+		for _, e := range r.m.Engines {
+			if e != slow {
+				rest = append(rest, e.Node)
+			}
+		}
+		for k := 0; k < 3; k++ {
+			r.newMotd(10*i + k)
+			r.healed("the others, with "+slow.Node+" stopped", rest...)
+		}
+		slow.Resume()
+		r.healed(slow.Node + " resumed")
+	})
+}
+
+// TestClockSkew: one engine's clock is an hour ahead and another's an hour
+// behind (the skew DESIGN.md §7 allows): they verify and apply every
+// change, and nothing expired or issued too far ahead is applied.
+func TestClockSkew(t *testing.T) {
+	scenario(t, Options{ClockOffset: map[string]time.Duration{"ace": time.Hour, "bay": -time.Hour}}, func(r *run, i int) {
+		r.newMotd(i)
+		r.healed("a change")
+	})
+}
