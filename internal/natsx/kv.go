@@ -119,6 +119,11 @@ type Entry struct {
 	// Header holds the headers written with the value, among them the trace
 	// context of the writer (see TraceContext).
 	Header nats.Header
+	// Resync marks the entry a watch with ResyncMarker delivers when it
+	// starts over because the stream went back: it has no key, and what
+	// the watch delivers after it up to the next nil marker is what the
+	// bucket holds now.
+	Resync bool
 }
 
 // TraceContext returns ctx with the writer's span as remote parent, so the
@@ -474,7 +479,7 @@ func (k *KV) list(ctx context.Context, spanName, op string, filters []string) ([
 	what := strings.Join(filters, ",")
 	ctx, span := k.start(ctx, spanName, what)
 	defer span.End()
-	w, err := k.watch(ctx, filters, watchOptions{ignoreDeletes: true, metaOnly: true})
+	w, err := k.watch(ctx, filters, watchOptions{ignoreDeletes: true, metaOnly: true, oneShot: true})
 	if err != nil {
 		return nil, k.fail(span, op, what, err)
 	}

@@ -22,6 +22,10 @@ type watchOptions struct {
 	ignoreDeletes  bool
 	metaOnly       bool
 	fromRevision   uint64
+	resyncMarker   bool
+	// oneShot watches end once the initial values are delivered (listings):
+	// they need no regression check.
+	oneShot bool
 }
 
 // IncludeHistory delivers every kept revision of the matching keys, not only
@@ -46,9 +50,31 @@ func ResumeFromRevision(rev uint64) WatchOption {
 	return func(o *watchOptions) { o.fromRevision = rev }
 }
 
+// ResyncMarker makes a watch that starts over (see Watch) deliver an entry
+// with Resync set, and no key, before it delivers the bucket's values
+// again: a watcher that keeps positions (revisions seen) resets them there.
+func ResyncMarker() WatchOption { return func(o *watchOptions) { o.resyncMarker = true } }
+
+// ErrRegressed ends a watch that cannot start over (IncludeHistory,
+// UpdatesOnly, ResumeFromRevision) when the bucket's stream went back behind
+// what the watch delivered: acknowledged writes were lost (a store restored
+// from an older snapshot, a disk that lied about its fsyncs). Its caller
+// starts again from what the bucket holds now.
+var ErrRegressed = errors.New("the bucket's stream went back behind what the watch delivered (acknowledged writes were lost)")
+
 // watchInactiveThreshold lets the server drop the consumer of a watcher
 // whose process died without stopping it.
 const watchInactiveThreshold = time.Minute
+
+// Regression checks (see Watch): at once after the connection reconnected
+// (a server restart is when a store can go back), and every
+// regressionCheckEvery otherwise; regressionTick is how often the
+// reconnect count is looked at.
+var (
+	regressionTick       = 250 * time.Millisecond
+	regressionCheckEvery = 5 * time.Second
+	regressionRetry      = time.Second
+)
 
 // Watcher delivers the entries of a watch in revision order.
 type Watcher struct {
@@ -56,11 +82,28 @@ type Watcher struct {
 	stopped chan struct{}
 	done    chan struct{}
 	stop    sync.Once
-	it      jetstream.MessagesContext
-	cleanup func()
+	k       *KV
+	cfg     jetstream.OrderedConsumerConfig
+	o       watchOptions
 
 	mu  sync.Mutex
 	err error
+	it  jetstream.MessagesContext
+	// cons is the consumer of it.
+	cons jetstream.Consumer
+	// lastSeq, lastSubject and lastTime are the stream sequence, subject
+	// and server timestamp of the last message delivered.
+	lastSeq     uint64
+	lastSubject string
+	lastTime    time.Time
+	// restart is set when the check found the stream went back: the
+	// delivery loop starts over.
+	restart bool
+	// live are the keys whose last delivered message is a value, kept by
+	// watches that can start over (nil for the others).
+	live map[string]struct{}
+	// regressions counts how often the watch started over.
+	regressions int
 }
 
 // Updates returns the channel of entries. A nil entry marks that every value
@@ -77,14 +120,30 @@ func (w *Watcher) Err() error {
 	return w.err
 }
 
+// Regressions returns how many times the watch started over because its
+// bucket's stream went back.
+func (w *Watcher) Regressions() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.regressions
+}
+
 // Stop ends the watch, deletes its consumer and waits until Updates is
 // closed. It may be called more than once.
 func (w *Watcher) Stop() {
-	w.stop.Do(func() {
-		close(w.stopped)
-		w.it.Stop()
-	})
+	w.halt()
 	<-w.done
+}
+
+// halt stops the delivery loop without waiting for it.
+func (w *Watcher) halt() {
+	w.stop.Do(func() {
+		w.mu.Lock()
+		close(w.stopped)
+		it := w.it
+		w.mu.Unlock()
+		it.Stop()
+	})
 }
 
 // Watch watches the keys matching the subject filter keys ("" or ">" for all)
@@ -93,6 +152,20 @@ func (w *Watcher) Stop() {
 // was written with, so its TraceContext continues the writer's trace. The
 // watch survives reconnects and server restarts (the ordered consumer is
 // recreated after the last delivered revision) and ends with ctx.
+//
+// It also survives a stream that went back (a store restored from an older
+// snapshot: acknowledged writes lost, and sequences handed out again), which
+// an ordered consumer resuming after the last delivered revision would not
+// see: it would deliver nothing until the stream grew past that revision,
+// and never the writes in between. The watch checks after every reconnect
+// and every few seconds that the stream's last sequence is not below the
+// last message it delivered and that that message is still the one it
+// delivered; when either fails it starts over: (with ResyncMarker, an entry
+// with Resync set,) the latest value of every matching key again, a delete
+// marker of revision 0 for each key it had delivered a value of that holds
+// none now, then a nil marker. After that marker what the watch delivered
+// is what the bucket holds. A watch that cannot start over (IncludeHistory,
+// UpdatesOnly, ResumeFromRevision) ends with ErrRegressed instead.
 func (k *KV) Watch(ctx context.Context, keys string, opts ...WatchOption) (*Watcher, error) {
 	var filters []string
 	if keys != "" {
@@ -114,6 +187,12 @@ func (k *KV) WatchFiltered(ctx context.Context, keys []string, opts ...WatchOpti
 		return nil, k.fail(span, "watch", strings.Join(keys, ","), err)
 	}
 	return w, nil
+}
+
+// canStartOver reports whether a watch of these options can start over
+// from the bucket's current values and still mean what its caller asked.
+func (o watchOptions) canStartOver() bool {
+	return o.fromRevision == 0 && !o.updatesOnly && !o.includeHistory
 }
 
 func (k *KV) watch(ctx context.Context, keys []string, o watchOptions) (*Watcher, error) {
@@ -142,9 +221,44 @@ func (k *KV) watch(ctx context.Context, keys []string, o watchOptions) (*Watcher
 	case o.includeHistory:
 		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
 	}
-	cons, err := k.js.OrderedConsumer(ctx, kvStreamName(k.bucket), cfg)
+	w := &Watcher{
+		updates: make(chan *Entry, 256),
+		stopped: make(chan struct{}),
+		done:    make(chan struct{}),
+		k:       k,
+		cfg:     cfg,
+		o:       o,
+	}
+	if o.canStartOver() && !o.oneShot {
+		w.live = map[string]struct{}{}
+	}
+	initPending, err := w.open(ctx)
 	if err != nil {
 		return nil, err
+	}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.Int64("kv.initial_pending", int64(initPending)))
+
+	go func() {
+		select {
+		case <-ctx.Done():
+			w.halt()
+		case <-w.done:
+		}
+	}()
+	go w.run(ctx, initPending)
+	if !o.oneShot {
+		go w.check(ctx)
+	}
+	return w, nil
+}
+
+// open creates the watch's consumer and its message iterator and returns
+// how many messages were pending at its creation: the initial values.
+func (w *Watcher) open(ctx context.Context) (uint64, error) {
+	stream := kvStreamName(w.k.bucket)
+	cons, err := w.k.js.OrderedConsumer(ctx, stream, w.cfg)
+	if err != nil {
+		return 0, err
 	}
 	// What was pending when the consumer was created is what the initial
 	// values are; counting deliveries against it (or seeing nothing left
@@ -155,36 +269,50 @@ func (k *KV) watch(ctx context.Context, keys []string, o watchOptions) (*Watcher
 	}
 	it, err := cons.Messages()
 	if err != nil {
-		deleteConsumer(k.js, kvStreamName(k.bucket), cons)
-		return nil, err
+		deleteConsumer(w.k.js, stream, cons)
+		return 0, err
 	}
-	w := &Watcher{
-		updates: make(chan *Entry, 256),
-		stopped: make(chan struct{}),
-		done:    make(chan struct{}),
-		it:      it,
-		cleanup: func() { deleteConsumer(k.js, kvStreamName(k.bucket), cons) },
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	select {
+	case <-w.stopped:
+		// Stopped while this consumer was made: it is never read.
+		it.Stop()
+		deleteConsumer(w.k.js, stream, cons)
+		return 0, errWatchStopped
+	default:
 	}
-	trace.SpanFromContext(ctx).SetAttributes(attribute.Int64("kv.initial_pending", int64(initPending)))
-
-	go func() {
-		select {
-		case <-ctx.Done():
-			w.stop.Do(func() {
-				close(w.stopped)
-				it.Stop()
-			})
-		case <-w.done:
-		}
-	}()
-	go w.run(ctx, k, o, initPending)
-	return w, nil
+	w.it, w.cons = it, cons
+	return initPending, nil
 }
 
-func (w *Watcher) run(ctx context.Context, k *KV, o watchOptions, initPending uint64) {
+// errWatchStopped is returned by open when the watch was stopped meanwhile.
+var errWatchStopped = errors.New("watch stopped")
+
+func (w *Watcher) cleanup() {
+	w.mu.Lock()
+	cons := w.cons
+	w.mu.Unlock()
+	if cons != nil {
+		deleteConsumer(w.k.js, kvStreamName(w.k.bucket), cons)
+	}
+}
+
+func (w *Watcher) fail(err error) {
+	select {
+	case <-w.stopped:
+	default:
+		w.mu.Lock()
+		w.err = err
+		w.mu.Unlock()
+	}
+}
+
+func (w *Watcher) run(ctx context.Context, initPending uint64) {
 	defer close(w.done)
 	defer close(w.updates)
 	defer w.cleanup()
+	k, o := w.k, w.o
 	send := func(e *Entry) bool {
 		select {
 		case w.updates <- e:
@@ -195,33 +323,85 @@ func (w *Watcher) run(ctx context.Context, k *KV, o watchOptions, initPending ui
 			return false
 		}
 	}
-	initDone := o.updatesOnly
-	if !initDone && initPending == 0 {
+	var (
+		initDone = o.updatesOnly
+		received uint64
+		// again holds, while a watch that started over delivers its
+		// initial values, the keys delivered so far.
+		again map[string]bool
+	)
+	// endInit sends the initial-values-done marker, after the delete
+	// markers of keys that hold nothing since the watch started over.
+	endInit := func() bool {
 		initDone = true
-		if !send(nil) {
-			return
-		}
-	}
-	var received uint64
-	for {
-		msg, err := w.it.Next()
-		if err != nil {
-			if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				select {
-				case <-w.stopped:
-				default:
-					w.mu.Lock()
-					w.err = MapError(err)
-					w.mu.Unlock()
+		if again != nil {
+			w.mu.Lock()
+			var gone []string
+			for key := range w.live {
+				if !again[key] {
+					gone = append(gone, key)
+					delete(w.live, key)
 				}
 			}
-			return
+			w.mu.Unlock()
+			again = nil
+			if !o.ignoreDeletes {
+				for _, key := range gone {
+					if !send(&Entry{Key: key, Op: jetstream.KeyValueDelete}) {
+						return false
+					}
+				}
+			}
+		}
+		return send(nil)
+	}
+	if !initDone && initPending == 0 && !endInit() {
+		return
+	}
+	for {
+		w.mu.Lock()
+		it := w.it
+		w.mu.Unlock()
+		msg, err := it.Next()
+		if err != nil {
+			select {
+			case <-w.stopped:
+				return
+			default:
+			}
+			w.mu.Lock()
+			restart := w.restart && errors.Is(err, jetstream.ErrMsgIteratorClosed)
+			w.restart = false
+			w.mu.Unlock()
+			if !restart {
+				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					w.fail(MapError(err))
+				}
+				return
+			}
+			// The stream went back: start over from what it holds now.
+			w.cleanup()
+			pending, err := w.open(ctx)
+			if err != nil {
+				w.fail(fmt.Errorf("start the watch over after the stream went back: %w", err))
+				return
+			}
+			w.mu.Lock()
+			w.lastSeq, w.lastSubject, w.lastTime = 0, "", time.Time{}
+			w.regressions++
+			w.mu.Unlock()
+			if o.resyncMarker && !send(&Entry{Resync: true}) {
+				return
+			}
+			initDone, received, again = false, 0, map[string]bool{}
+			if pending == 0 && !endInit() {
+				return
+			}
+			continue
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
-			w.mu.Lock()
-			w.err = err
-			w.mu.Unlock()
+			w.fail(err)
 			return
 		}
 		e := &Entry{
@@ -232,6 +412,19 @@ func (w *Watcher) run(ctx context.Context, k *KV, o watchOptions, initPending ui
 			Header:   msg.Headers(),
 		}
 		e.Op = opOf(e.Header)
+		w.mu.Lock()
+		w.lastSeq, w.lastSubject, w.lastTime = meta.Sequence.Stream, msg.Subject(), meta.Timestamp
+		if w.live != nil {
+			if e.Op == jetstream.KeyValuePut {
+				w.live[e.Key] = struct{}{}
+			} else {
+				delete(w.live, e.Key)
+			}
+		}
+		w.mu.Unlock()
+		if again != nil {
+			again[e.Key] = true
+		}
 		if !o.ignoreDeletes || e.Op == jetstream.KeyValuePut {
 			if !send(e) {
 				return
@@ -239,14 +432,95 @@ func (w *Watcher) run(ctx context.Context, k *KV, o watchOptions, initPending ui
 		}
 		if !initDone {
 			received++
-			if received >= initPending || meta.NumPending == 0 {
-				initDone = true
-				if !send(nil) {
-					return
-				}
+			if (received >= initPending || meta.NumPending == 0) && !endInit() {
+				return
 			}
 		}
 	}
+}
+
+// check looks for a stream that went back behind what the watch delivered,
+// after every reconnect and every regressionCheckEvery, until the watch
+// ends; when it finds one the watch starts over (or ends, see Watch).
+func (w *Watcher) check(ctx context.Context) {
+	nc := w.k.js.Conn()
+	reconnects := nc.Stats().Reconnects
+	tick := time.NewTicker(regressionTick)
+	defer tick.Stop()
+	due := time.Now().Add(regressionCheckEvery)
+	for {
+		select {
+		case <-w.done:
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if r := nc.Stats().Reconnects; r != reconnects {
+			reconnects, due = r, time.Now()
+		}
+		if time.Now().Before(due) {
+			continue
+		}
+		regressed, err := w.regressed(ctx)
+		if err != nil {
+			// The server may not serve JetStream yet after a restart.
+			due = time.Now().Add(regressionRetry)
+			continue
+		}
+		due = time.Now().Add(regressionCheckEvery)
+		if regressed {
+			w.startOver()
+		}
+	}
+}
+
+// regressed reports whether the stream went back behind the last message
+// the watch delivered: its last sequence is below it, or the message at
+// that sequence is another one (the sequence was handed out again). A
+// message no longer there proves nothing (a newer write of its key
+// replaced it, or it was purged) and counts as not regressed.
+func (w *Watcher) regressed(ctx context.Context) (bool, error) {
+	w.mu.Lock()
+	seq, subject, at := w.lastSeq, w.lastSubject, w.lastTime
+	w.mu.Unlock()
+	if seq == 0 {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	info, err := w.k.stream.Info(ctx)
+	if err != nil {
+		return false, err
+	}
+	switch st := info.State; {
+	case st.LastSeq < seq:
+		return true, nil
+	case st.LastSeq == seq && st.LastTime.Equal(at):
+		return false, nil
+	}
+	m, err := w.k.stream.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return m.Subject != subject || !m.Time.Equal(at), nil
+}
+
+// startOver makes the delivery loop start over from the stream's current
+// values, or ends a watch that cannot with ErrRegressed.
+func (w *Watcher) startOver() {
+	w.mu.Lock()
+	if w.live == nil {
+		w.err = ErrRegressed
+	} else {
+		w.restart = true
+	}
+	it := w.it
+	w.mu.Unlock()
+	it.Stop()
 }
 
 // deleteConsumer removes a stopped watcher's consumer now rather than after
