@@ -3,6 +3,7 @@ package testutil
 import (
 	"context"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -55,6 +56,38 @@ func startJetStream(t testing.TB, cfg natsx.EmbeddedConfig) *natsx.Embedded {
 func RestartJetStream(t testing.TB, e *natsx.Embedded) *natsx.Embedded {
 	t.Helper()
 	e.Shutdown()
+	return startJetStream(t, e.Config())
+}
+
+// SnapshotJetStream shuts e down, copies its JetStream store and starts a
+// server again on the same data dir and port; it returns the new server and
+// the snapshot for RollbackJetStream. e must not be used afterwards.
+func SnapshotJetStream(t testing.TB, e *natsx.Embedded) (*natsx.Embedded, string) {
+	t.Helper()
+	e.Shutdown()
+	snap := t.TempDir()
+	if err := os.CopyFS(snap, os.DirFS(e.Config().DataDir)); err != nil {
+		t.Fatalf("snapshot jetstream: %v", err)
+	}
+	return startJetStream(t, e.Config()), snap
+}
+
+// RollbackJetStream shuts e down, puts a snapshot of SnapshotJetStream in
+// place of its store and starts a server again on the same data dir and
+// port: what a restore of an older disk image, or a disk that lied about
+// its fsyncs, does to a server. Every write acknowledged since the snapshot
+// is lost and its sequence is handed out again. e must not be used
+// afterwards.
+func RollbackJetStream(t testing.TB, e *natsx.Embedded, snap string) *natsx.Embedded {
+	t.Helper()
+	e.Shutdown()
+	dir := e.Config().DataDir
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatalf("roll jetstream back: %v", err)
+	}
+	if err := os.CopyFS(dir, os.DirFS(snap)); err != nil {
+		t.Fatalf("roll jetstream back: %v", err)
+	}
 	return startJetStream(t, e.Config())
 }
 

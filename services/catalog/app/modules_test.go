@@ -17,6 +17,7 @@ import (
 	"mesh.dev/internal/canonical"
 	"mesh.dev/internal/names"
 	"mesh.dev/internal/natsx"
+	"mesh.dev/internal/testutil"
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
 	"mesh.dev/services/catalog/internal/store"
 )
@@ -390,5 +391,60 @@ func TestConcurrentRegistrations(t *testing.T) {
 	}
 	if !proto.Equal(got.GetRegistration(), hist[len(hist)-1]) {
 		t.Fatalf("current %v is not the last of the history", got.GetRegistration())
+	}
+}
+
+// TestWatchModulesAfterTheStoreWentBack: nats-server's store goes back to
+// an older snapshot under a running watch (the registrations made since are
+// lost): the watch sends what the store holds now — the older registration,
+// a module registered only since as one with no fingerprint — and a
+// caught_up marker at a lower revision, then the changes made after.
+func TestWatchModulesAfterTheStoreWentBack(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	r := w.start(t)
+	c := w.builder(t, r)
+	sshd1 := release(t, c, "sshd", "1.0")
+	sshd2 := release(t, c, "sshd", "1.1")
+	motd := release(t, c, "motd", "1.0")
+	register(t, c, "sshd", sshd1.GetFingerprint())
+	var snap string
+	w.nats, snap = testutil.SnapshotJetStream(t, w.nats)
+	registerEventually(t, c, "sshd", sshd2.GetFingerprint())
+	registerEventually(t, c, "motd", motd.GetFingerprint())
+
+	wa := watch(t, w.client(t, r, "composer", ""), 0)
+	got, rev := wa.untilCaughtUp()
+	if want := []string{"sshd@" + sshd2.GetFingerprint(), "motd@" + motd.GetFingerprint()}; !slices.Equal(got, want) {
+		t.Fatalf("state before the loss %v, want %v", got, want)
+	}
+	w.nats = testutil.RollbackJetStream(t, w.nats, snap)
+	got, after := wa.untilCaughtUp()
+	if want := []string{"sshd@" + sshd1.GetFingerprint(), "motd@"}; !slices.Equal(got, want) {
+		t.Fatalf("state sent after the store went back %v, want %v", got, want)
+	}
+	if after >= rev {
+		t.Errorf("caught_up after the store went back at revision %d, not below %d", after, rev)
+	}
+	registerEventually(t, c, "motd", motd.GetFingerprint())
+	if m := wa.next(); m.GetRegistration().GetFingerprint() != motd.GetFingerprint() || m.GetRevision() <= after {
+		t.Fatalf("change after the store went back: %v", m)
+	}
+}
+
+// registerEventually registers, retrying while the catalog reconnects to a
+// restarted NATS.
+func registerEventually(t testing.TB, c catalogv1.CatalogServiceClient, module, fp string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := c.RegisterModule(context.Background(), &catalogv1.RegisterModuleRequest{Module: module, Fingerprint: fp})
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("register %s at %s: %v", module, fp, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -151,7 +151,13 @@ func (s *Server) ListModules(ctx context.Context, _ *catalogv1.ListModulesReques
 // from_revision, a caught_up marker, then every change. A registration
 // deleted by hand comes as one with no fingerprint. A from_revision above
 // the store's last revision (the store was restored from a backup) counts as
-// 0, so that a resuming client misses nothing.
+// 0, so that a resuming client misses nothing; its caught_up marker then has
+// a revision below from_revision, which tells the client that everything
+// was sent again (a module not sent is registered no more). When the store
+// goes back to an older state under a running watch (restored from an older
+// snapshot), the watch sends every current registration again, a module
+// registered no more as one with no fingerprint, and a new caught_up marker
+// with the revision to resume from, lower than those sent before.
 func (s *Server) WatchModules(req *catalogv1.WatchModulesRequest, stream catalogv1.CatalogService_WatchModulesServer) error {
 	const method = "WatchModules"
 	ctx, span := s.start(stream.Context(), method, attribute.Int64("mesh.from_revision", int64(req.GetFromRevision())))
@@ -192,6 +198,16 @@ func (s *Server) watch(ctx context.Context, from uint64, stream catalogv1.Catalo
 				}
 				return coded(codes.Unavailable, "watch of %s ended: %v; resume from revision %d", natsx.BucketCatalogModules, w.Err(), seen)
 			}
+			if e != nil && e.Resync {
+				// The store went back to an older state: what it holds now
+				// comes again (a module it no longer registers as one with
+				// no fingerprint), then a caught_up marker whose revision,
+				// lower than those sent before, is where to resume from.
+				s.log.WarnContext(ctx, "catalog-modules went back to an older state; sending every registration again",
+					"last_sent_revision", seen, "caller", caller(ctx))
+				from, seen, caughtUp = 0, 0, false
+				continue
+			}
 			if e == nil {
 				caughtUp = true
 				if err := stream.Send(&catalogv1.WatchModulesResponse{CaughtUp: true, Revision: seen}); err != nil {
@@ -199,7 +215,7 @@ func (s *Server) watch(ctx context.Context, from uint64, stream catalogv1.Catalo
 				}
 				continue
 			}
-			if !caughtUp && e.Revision <= from {
+			if !caughtUp && from > 0 && e.Revision <= from {
 				continue
 			}
 			reg, err := store.DecodeRegistration(e)

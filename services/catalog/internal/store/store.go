@@ -388,9 +388,11 @@ func (s *Store) Registrations(ctx context.Context) ([]*catalogv1.Registration, e
 
 // WatchRegistrations watches the current registrations (keys "<module>",
 // not the history keys): their latest values, a nil marker, then every
-// change, delete markers included.
+// change, delete markers included. When the bucket's stream went back (a
+// store restored from an older snapshot) the watch delivers an entry with
+// Resync set and starts over (natsx.ResyncMarker).
 func (s *Store) WatchRegistrations(ctx context.Context) (*natsx.Watcher, error) {
-	return s.modules.Watch(ctx, "*")
+	return s.modules.Watch(ctx, "*", natsx.ResyncMarker())
 }
 
 // DecodeRegistration decodes a watched value; a delete or purge marker
