@@ -47,6 +47,8 @@ type Lease struct {
 	rev     uint64
 	epoch   uint64
 	expires time.Time
+	// renewed is the time this composer wrote in the lease key last.
+	renewed time.Time
 	// holderName is the holder last seen (for operator messages).
 	holderName string
 }
@@ -161,16 +163,36 @@ func (l *Lease) Run(ctx context.Context, onAcquire func(ctx context.Context)) er
 // contender tries again: the server's expiry timer needs a moment.
 const expiryMargin = 20 * time.Millisecond
 
-func (l *Lease) value(epoch uint64) []byte {
-	b, _ := json.Marshal(record{Holder: l.holder, Epoch: epoch, Renewed: l.now().UTC(), TTLMilli: l.ttl.Milliseconds()})
-	return b
+// value is the lease record of this holder at epoch and the time it says.
+func (l *Lease) value(epoch uint64) ([]byte, time.Time) {
+	now := l.now().UTC()
+	b, _ := json.Marshal(record{Holder: l.holder, Epoch: epoch, Renewed: now, TTLMilli: l.ttl.Milliseconds()})
+	return b, now
+}
+
+// ownOlder reports whether a lease record is one this composer wrote before
+// its last write: its holder, an epoch not above the last it held and an
+// older renewal time. Finding it in the key means the store went back (a
+// snapshot restored): nobody took the lease since, or the key would name
+// them. Another process configured with the same holder name that took the
+// lease meanwhile has a higher epoch.
+func (l *Lease) ownOlder(r record) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return r.Holder == l.holder && l.epoch > 0 && r.Epoch <= l.epoch && r.Renewed.Before(l.renewed)
 }
 
 // acquire creates the lease key when it is absent (expired or released),
 // then fences: the tenure starts only with a fresh epoch.
 // When another holds it, it returns when that holder's key expires.
+//
+// A key holding this composer's own older record (the store went back to
+// a snapshot, see ownOlder) is taken over at once, by CAS at its revision,
+// rather than waited out: the new tenure fences a higher epoch, so nothing
+// the tenure that was lost could still sign.
 func (l *Lease) acquire(ctx context.Context) (bool, time.Time, error) {
 	e, err := l.kv.Get(ctx, natsx.KeyLeaseLeader)
+	over := uint64(0)
 	if err == nil {
 		var r record
 		if json.Unmarshal(e.Value, &r) == nil {
@@ -178,13 +200,23 @@ func (l *Lease) acquire(ctx context.Context) (bool, time.Time, error) {
 			l.holderName = r.Holder
 			l.mu.Unlock()
 		}
-		return false, e.Created.Add(l.ttl), nil
-	}
-	if !errors.Is(err, natsx.ErrNotFound) {
+		if !l.ownOlder(r) {
+			return false, e.Created.Add(l.ttl), nil
+		}
+		l.log.Warn("composer lease key holds an older record of this holder (the store went back); taking it over",
+			"holder", l.holder, "epoch", r.Epoch, "renewed", r.Renewed, "revision", e.Revision)
+		over = e.Revision
+	} else if !errors.Is(err, natsx.ErrNotFound) {
 		return false, time.Time{}, err
 	}
 	start := l.now()
-	rev, err := l.kv.Create(ctx, natsx.KeyLeaseLeader, l.value(0))
+	v, _ := l.value(0)
+	var rev uint64
+	if over != 0 {
+		rev, err = l.kv.Update(ctx, natsx.KeyLeaseLeader, v, over)
+	} else {
+		rev, err = l.kv.Create(ctx, natsx.KeyLeaseLeader, v)
+	}
 	if errors.Is(err, natsx.ErrConflict) {
 		return false, time.Time{}, nil
 	}
@@ -199,11 +231,12 @@ func (l *Lease) acquire(ctx context.Context) (bool, time.Time, error) {
 		_ = l.kv.Delete(ctx, natsx.KeyLeaseLeader, natsx.LastRevision(rev))
 		return false, time.Time{}, fmt.Errorf("fence: %w", err)
 	}
-	if rev, err = l.kv.Update(ctx, natsx.KeyLeaseLeader, l.value(epoch), rev); err != nil {
+	v, renewed := l.value(epoch)
+	if rev, err = l.kv.Update(ctx, natsx.KeyLeaseLeader, v, rev); err != nil {
 		return false, time.Time{}, fmt.Errorf("record epoch: %w", err)
 	}
 	l.mu.Lock()
-	l.held, l.rev, l.epoch, l.holderName = true, rev, epoch, l.holder
+	l.held, l.rev, l.epoch, l.holderName, l.renewed = true, rev, epoch, l.holder, renewed
 	l.expires = start.Add(l.ttl)
 	l.mu.Unlock()
 	return true, time.Time{}, nil
@@ -214,12 +247,13 @@ func (l *Lease) renew(ctx context.Context) error {
 	rev, epoch := l.rev, l.epoch
 	l.mu.Unlock()
 	start := l.now()
-	next, err := l.kv.Update(ctx, natsx.KeyLeaseLeader, l.value(epoch), rev)
+	v, renewed := l.value(epoch)
+	next, err := l.kv.Update(ctx, natsx.KeyLeaseLeader, v, rev)
 	if err != nil {
 		return err
 	}
 	l.mu.Lock()
-	l.rev, l.expires = next, start.Add(l.ttl)
+	l.rev, l.expires, l.renewed = next, start.Add(l.ttl), renewed
 	l.mu.Unlock()
 	return nil
 }

@@ -320,3 +320,48 @@ func TestRelease(t *testing.T) {
 		t.Errorf("b's epoch %d, want 2", epoch)
 	}
 }
+
+// TestTakenAgainAfterTheStoreWentBack: nats-server's store goes back to a
+// snapshot (the holder's renewals since are lost: the key holds its older
+// record at an older revision). The next renewal fails; the holder takes
+// the lease again at once, by CAS over its own older record, with a fresh
+// epoch, instead of waiting for that record to expire; nobody else took it
+// meanwhile, or the key would name them.
+func TestTakenAgainAfterTheStoreWentBack(t *testing.T) {
+	t.Parallel()
+	const ttl = 15 * time.Second
+	e := testutil.StartJetStream(t)
+	_, js := testutil.ConnectJetStream(t, e)
+	kv, err := natsx.EnsureKV(context.Background(), js, natsx.LeaseSpec(1, ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fencer{}
+	a := start(t, kv, "a", ttl, f, nil)
+	first := a.tenure(t)
+	var snap string
+	e, snap = testutil.SnapshotJetStream(t, e)
+	_, old, _ := stored(t, kv)
+	waitFor(t, "a renewal after the snapshot", 2*ttl, func() (bool, string) {
+		_, cur, ok := stored(t, kv)
+		return ok && cur.Revision > old.Revision, "not renewed yet"
+	})
+	testutil.RollbackJetStream(t, e, snap)
+	select {
+	case <-first.Done():
+	case <-time.After(ttl):
+		t.Fatal("the tenure did not end when the renewal failed")
+	}
+	a.tenure(t)
+	if epoch, err := a.Check(0); err != nil || epoch != 2 {
+		t.Errorf("a.Check after taking the lease again = %d, %v; want epoch 2", epoch, err)
+	}
+	r, cur, _ := stored(t, kv)
+	if r.Holder != "a" || r.Epoch != 2 {
+		t.Errorf("the lease key holds %+v", r)
+	}
+	// Server timestamps: taken again while the older record still stood.
+	if !cur.Created.Before(old.Created.Add(ttl)) {
+		t.Errorf("taken again at %s, after the restored record expired (%s)", cur.Created, old.Created.Add(ttl))
+	}
+}
