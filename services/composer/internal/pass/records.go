@@ -96,7 +96,7 @@ func (p *Passer) FollowCompositions(ctx context.Context) error {
 }
 
 func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
-	w, err := kv.Watch(ctx, ">")
+	w, err := kv.Watch(ctx, ">", natsx.ResyncMarker())
 	if err != nil {
 		return err
 	}
@@ -115,6 +115,17 @@ func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
 		if e == nil {
 			m.mu.Lock()
 			m.ready = true
+			m.changed.Broadcast()
+			m.mu.Unlock()
+			continue
+		}
+		if e.Resync {
+			// The bucket's stream went back to an older state: what the
+			// mirror holds is not what the bucket holds; the watch
+			// delivers everything again, up to its next nil marker.
+			m.mu.Lock()
+			m.ready = false
+			m.m, m.seen = map[string]mirrored{}, 0
 			m.changed.Broadcast()
 			m.mu.Unlock()
 			continue
@@ -140,13 +151,20 @@ func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
 // acknowledged by now, waiting a moment for it to catch up.
 func (m *mirror) current(ctx context.Context, kv *natsx.KV) bool {
 	m.mu.Lock()
-	usable := m.running && m.ready
+	usable, seen := m.running && m.ready, m.seen
 	m.mu.Unlock()
 	if !usable {
 		return false
 	}
 	last, err := kv.LastSequence(ctx)
 	if err != nil {
+		return false
+	}
+	if seen > last {
+		// The stream went back behind what the mirror had seen before it
+		// asked (a store restored from an older snapshot) and the watch
+		// has not started over yet: the mirror holds writes the bucket
+		// lost.
 		return false
 	}
 	deadline := time.Now().Add(mirrorWait)
@@ -158,10 +176,10 @@ func (m *mirror) current(ctx context.Context, kv *natsx.KV) bool {
 	defer timer.Stop()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for m.running && m.seen < last && time.Now().Before(deadline) {
+	for m.running && m.ready && m.seen < last && time.Now().Before(deadline) {
 		m.changed.Wait()
 	}
-	return m.running && m.seen >= last
+	return m.running && m.ready && m.seen >= last
 }
 
 // mirrorCurrent reports whether the record mirror is current (see current).

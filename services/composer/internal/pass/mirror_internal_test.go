@@ -1,0 +1,129 @@
+package pass
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"mesh.dev/internal/natsx"
+	"mesh.dev/internal/testutil"
+)
+
+// TestMirrorAfterTheStoreWentBack: nats-server's store goes back to an
+// older snapshot under a mirror. Until its watch started over the mirror
+// is not current (it holds writes the bucket lost, at sequences handed out
+// again); then it is current again, holding what the bucket holds, and
+// follows the writes made since.
+func TestMirrorAfterTheStoreWentBack(t *testing.T) {
+	t.Parallel()
+	e := testutil.StartJetStream(t)
+	_, js := testutil.ConnectJetStream(t, e)
+	ctx := context.Background()
+	kv, err := natsx.EnsureKV(ctx, js, natsx.KVSpec{Bucket: "mirrored", History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key, value string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			_, err := kv.Put(ctx, key, []byte(value))
+			if err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("put %s: %v", key, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	m := newMirror("test", recordSummary)
+	fctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.follow(fctx, kv) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("follow: %v", err)
+		}
+	})
+	sum := func(v string) string { s, _ := recordSummary([]byte(v)); return s }
+	holds := func(key, value string) (bool, string) {
+		v, ok := m.lookup(key)
+		switch {
+		case value == "" && (!ok || !v.put):
+			return true, ""
+		case value != "" && ok && v.put && v.sum == sum(value):
+			return true, ""
+		}
+		return false, fmt.Sprintf("%s: %+v (held %v)", key, v, ok)
+	}
+	waitCurrent := func(what string, want map[string]string) {
+		t.Helper()
+		waitFor(t, what, 30*time.Second, func() (bool, string) {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			if !m.current(cctx, kv) {
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				return false, fmt.Sprintf("not current (seen %d, ready %v)", m.seen, m.ready)
+			}
+			for k, v := range want {
+				if ok, why := holds(k, v); !ok {
+					return false, why
+				}
+			}
+			return true, ""
+		})
+	}
+
+	put("a", "1")
+	put("b", "1")
+	waitCurrent("the mirror holds a and b", map[string]string{"a": "1", "b": "1"})
+	var snap string
+	e, snap = testutil.SnapshotJetStream(t, e)
+	put("a", "2")
+	put("lost", "1")
+	waitCurrent("the mirror holds the writes after the snapshot", map[string]string{"a": "2", "lost": "1"})
+
+	testutil.RollbackJetStream(t, e, snap)
+	waitCurrent("the mirror holds what the bucket holds after it went back", map[string]string{"a": "1", "b": "1", "lost": ""})
+	put("c", "1")
+	waitCurrent("the mirror follows the writes after the store went back", map[string]string{"c": "1"})
+}
+
+// TestMirrorNotCurrentAheadOfTheStream: a mirror that saw more of the
+// stream than the stream now holds is not current, whatever it waits for.
+func TestMirrorNotCurrentAheadOfTheStream(t *testing.T) {
+	t.Parallel()
+	_, js := testutil.ConnectJetStream(t, testutil.StartJetStream(t))
+	ctx := context.Background()
+	kv, err := natsx.EnsureKV(ctx, js, natsx.KVSpec{Bucket: "ahead", History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "a", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	m := newMirror("test", recordSummary)
+	m.running, m.ready, m.seen = true, true, 5
+	if m.current(ctx, kv) {
+		t.Error("a mirror that saw revision 5 of a stream whose last is 1 counts as current")
+	}
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s: %s", what, d, why)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
