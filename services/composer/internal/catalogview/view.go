@@ -1,7 +1,8 @@
 // Package catalogview is the composer's view of the catalog: registrations
 // kept current by one WatchModules stream (resumed from the last revision
-// after any break), entries cached by fingerprint (they are immutable) and
-// builds cached once DONE (then immutable too).
+// after any break, and made exactly what the catalog holds again when its
+// store went back to an older state), entries cached by fingerprint (they
+// are immutable) and builds cached once DONE (then immutable too).
 package catalogview
 
 import (
@@ -88,10 +89,16 @@ func (v *View) Run(ctx context.Context) error {
 }
 
 func (v *View) watch(ctx context.Context) error {
-	stream, err := v.client.WatchModules(ctx, &catalogv1.WatchModulesRequest{FromRevision: v.Revision()})
+	from := v.Revision()
+	stream, err := v.client.WatchModules(ctx, &catalogv1.WatchModulesRequest{FromRevision: from})
 	if err != nil {
 		return err
 	}
+	// sent are the modules the stream sent before its first caught_up
+	// marker: when that marker says everything was sent again, a module
+	// not among them is registered no more.
+	sent := map[string]bool{}
+	first := true
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -103,14 +110,46 @@ func (v *View) watch(ctx context.Context) error {
 		v.mu.Lock()
 		v.lastEvent = time.Now()
 		if msg.GetCaughtUp() {
+			var gone []*catalogv1.Registration
+			if first && from > 0 && msg.GetRevision() < from {
+				// The catalog's store holds less than this view saw (it
+				// went back to an older state): it sent every current
+				// registration, and the view becomes exactly that.
+				for m := range v.regs {
+					if !sent[m] {
+						delete(v.regs, m)
+						gone = append(gone, &catalogv1.Registration{Module: m})
+					}
+				}
+				v.log.Warn("the catalog's registrations went back to an older state; the view follows",
+					"from_revision", from, "caught_up_revision", msg.GetRevision(), "modules_gone", len(gone))
+			}
+			// The marker names where to resume from: after the store went
+			// back it is lower than what was seen before.
+			v.revision = msg.GetRevision()
 			v.caughtUp, v.healthy = true, true
+			first, sent = false, nil
 			v.mu.Unlock()
+			for _, reg := range gone {
+				if v.onChange != nil {
+					v.onChange(reg)
+				}
+			}
 			continue
 		}
 		reg := msg.GetRegistration()
 		old := v.regs[reg.GetModule()]
+		// Whatever the catalog sends replaces what the view holds, even an
+		// older registration (its store went back).
 		v.regs[reg.GetModule()] = reg
-		v.revision = max(v.revision, msg.GetRevision())
+		if msg.GetRevision() > 0 {
+			// The revision of the last change, not the largest seen: after
+			// the catalog's store went back it starts lower again.
+			v.revision = msg.GetRevision()
+		}
+		if sent != nil {
+			sent[reg.GetModule()] = true
+		}
 		v.mu.Unlock()
 		if v.onChange != nil && (old == nil || old.GetFingerprint() != reg.GetFingerprint() || old.GetSeq() != reg.GetSeq()) {
 			v.onChange(reg)

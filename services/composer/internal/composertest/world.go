@@ -80,6 +80,7 @@ type World struct {
 	RootsFile, SignerDir string
 	Roots                *typev1.TrustRoots
 	opts                 Options
+	stopCatalog          func()
 
 	mu       sync.Mutex
 	passes   map[string]int
@@ -133,16 +134,22 @@ func Listen(t testing.TB) net.Listener {
 	return lis
 }
 
-func serve(t testing.TB, name string, run func(ctx context.Context) error) {
+// serve runs run until the test ends or the returned stop is called.
+func serve(t testing.TB, name string, run func(ctx context.Context) error) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("%s: %v", name, err)
-		}
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("%s: %v", name, err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // Must fails the test on an error.
@@ -176,11 +183,7 @@ func New(t testing.TB, opts ...Options) *World {
 
 	clis := Listen(t)
 	w.CatalogAddr = clis.Addr().String()
-	cat, err := catalogapp.New(context.Background(), catalogapp.Config{Listen: w.CatalogAddr, MetricsListen: catalogapp.MetricsOff},
-		catalogapp.Options{Logger: Logger(t), JetStream: w.JS, Listener: clis, TracerProvider: o.TracerProvider,
-			ServerTLS: w.PKI.ServerTLS(t, w.PKI.Identity(identity.RoleCatalog, ""))})
-	Must(t, err)
-	serve(t, "catalog", func(ctx context.Context) error { return cat.Serve(ctx, nil) })
+	w.startCatalog(t, clis)
 
 	w.RootsFile = filepath.Join(w.Dir, "roots.json")
 	keysetFile := filepath.Join(w.Dir, "keyset.json")
@@ -204,6 +207,29 @@ func New(t testing.TB, opts ...Options) *World {
 
 	w.Catalog = catalogv1.NewCatalogServiceClient(testutil.Dial(t, w.PKI, w.CatalogAddr, w.PKI.Identity(identity.RoleBuilder, "ci")))
 	return w
+}
+
+// startCatalog runs the world's catalog on lis until the test ends or
+// RestartCatalog.
+func (w *World) startCatalog(t testing.TB, lis net.Listener) {
+	t.Helper()
+	cat, err := catalogapp.New(context.Background(), catalogapp.Config{Listen: w.CatalogAddr, MetricsListen: catalogapp.MetricsOff},
+		catalogapp.Options{Logger: Logger(t), JetStream: w.JS, Listener: lis, TracerProvider: w.opts.TracerProvider,
+			ServerTLS: w.PKI.ServerTLS(t, w.PKI.Identity(identity.RoleCatalog, ""))})
+	Must(t, err)
+	w.stopCatalog = serve(t, "catalog", func(ctx context.Context) error { return cat.Serve(ctx, nil) })
+}
+
+// StopCatalog stops the catalog (its watches end); StartCatalog starts it
+// again on the same address.
+func (w *World) StopCatalog(t testing.TB) { w.stopCatalog() }
+
+// StartCatalog starts the catalog again after StopCatalog.
+func (w *World) StartCatalog(t testing.TB) {
+	t.Helper()
+	lis, err := net.Listen("tcp", w.CatalogAddr)
+	Must(t, err)
+	w.startCatalog(t, lis)
 }
 
 // As dials addr as role/name over mTLS.
