@@ -371,6 +371,11 @@ func (r *Reconciler) watchHaves(ctx context.Context) error {
 			continue
 		}
 		if e.Op != jetstream.KeyValuePut {
+			// A node deleted, or a record the store lost (the watch starts
+			// over after a store went back): its next report is a change.
+			r.mu.Lock()
+			delete(r.haves, e.Key)
+			r.mu.Unlock()
 			continue
 		}
 		rec := &composerv1.HaveRecord{}
