@@ -3,8 +3,11 @@ package app_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"mesh.dev/internal/natsx"
 	"mesh.dev/internal/testutil"
@@ -136,5 +139,58 @@ func TestCatalogViewFollowsTheCatalogAfterTheStoreWentBack(t *testing.T) {
 	ct.Must(t, err)
 	if got := c.View.Revision(); got > last {
 		t.Errorf("the catalog view resumes from revision %d, beyond the store's last %d", got, last)
+	}
+}
+
+// TestSpecRevisionHandedOutAgain: after nats-server's store went back to an
+// older snapshot, a node spec written anew gets the revision a lost spec had;
+// the pass composes the spec the store holds, not the one a cache kept
+// under that revision.
+func TestSpecRevisionHandedOutAgain(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartManual(t, "one")
+	motd := w.Release(t, ct.Motd("1.0"), nil)
+	sshd := w.Release(t, ct.SSHD("1.0", ""), nil)
+	c.PutNode(t, ct.Spec("a", "motd"))
+	c.Pass(t, "a")
+
+	var snap string
+	w.Embedded, snap = testutil.SnapshotJetStream(t, w.Embedded)
+	reachable(t, w)
+	lostRev := c.PutNode(t, ct.Spec("a", "motd", "sshd"))
+	if res := c.Pass(t, "a"); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+
+	w.Embedded = testutil.RollbackJetStream(t, w.Embedded, snap)
+	reachable(t, w)
+	spec := ct.Spec("a", "motd", "sshd")
+	params, err := structpb.NewStruct(map[string]any{"port": 2222})
+	ct.Must(t, err)
+	spec.Modules[1].Params = params
+	ct.WaitFor(t, "the spec written anew", 30*time.Second, func() (bool, string) {
+		_, err := c.Operator(t).PutNode(context.Background(), &composerv1.PutNodeRequest{Spec: spec})
+		return err == nil, errString(err)
+	})
+	_, rev, err := c.Store.Spec(context.Background(), "a")
+	ct.Must(t, err)
+	if rev != lostRev {
+		t.Fatalf("the spec written anew has revision %d, the lost one had %d: the test needs them equal", rev, lostRev)
+	}
+	ct.WaitFor(t, "a pass under the lease", 30*time.Second, func() (bool, string) {
+		if !c.Lease.Held() {
+			return false, "lease not held"
+		}
+		res := c.Pass(t, "a")
+		return res.Err == nil && res.Committed, fmt.Sprintf("%+v", res.Err)
+	})
+	a := w.Converged(t, "a", map[string]string{"motd": motd, "sshd": sshd})
+	comp, err := w.Composition(t, "a", ct.Want(a, "sshd"))
+	ct.Must(t, err)
+	for _, r := range comp.GetResources() {
+		if r.GetPath() == "/etc/ssh/sshd_config" && !strings.Contains(string(r.GetInline()), "Port 2222") {
+			t.Errorf("sshd_config says %q, the spec asks for port 2222", r.GetInline())
+		}
 	}
 }

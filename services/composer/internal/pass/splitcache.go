@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 	"mesh.dev/services/composer/internal/compose"
 )
@@ -16,8 +17,10 @@ import (
 const maxSplitBytes = 128 << 20
 
 // splitCache keeps each node's split declaration with the inputs it was
-// derived from: the spec's revision and the fingerprints composed. Both
-// determine it (entries are immutable per fingerprint), so a pass whose
+// derived from: the spec (its revision, and its content: after nats-server's
+// store went back to an older snapshot a revision is handed out again, to
+// another spec) and the fingerprints composed. They determine it (entries
+// are immutable per fingerprint), so a pass whose
 // inputs did not move skips rendering every template of every module,
 // the bulk of a pass that finds nothing changed. The compositions held are
 // never modified (the spill clones before moving content out of line).
@@ -29,6 +32,7 @@ type splitCache struct {
 
 type splitEntry struct {
 	rev   uint64
+	spec  *composerv1.NodeSpec
 	fps   string
 	split compose.Split
 	size  int
@@ -50,18 +54,18 @@ func fpsKey(fps map[string]string) string {
 	return b.String()
 }
 
-func (c *splitCache) get(node string, rev uint64, fps string) (compose.Split, bool) {
+func (c *splitCache) get(node string, rev uint64, spec *composerv1.NodeSpec, fps string) (compose.Split, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[node]
-	if !ok || e.rev != rev || e.fps != fps {
+	if !ok || e.rev != rev || e.fps != fps || !proto.Equal(e.spec, spec) {
 		return compose.Split{}, false
 	}
 	return e.split, true
 }
 
-func (c *splitCache) put(node string, rev uint64, fps string, split compose.Split) {
-	size := len(node) + len(fps)
+func (c *splitCache) put(node string, rev uint64, spec *composerv1.NodeSpec, fps string, split compose.Split) {
+	size := len(node) + len(fps) + proto.Size(spec)
 	for k, comp := range split.Compositions {
 		size += len(k) + proto.Size(comp)
 	}
@@ -86,7 +90,7 @@ func (c *splitCache) put(node string, rev uint64, fps string, split compose.Spli
 	if size > maxSplitBytes {
 		return
 	}
-	c.m[node] = splitEntry{rev: rev, fps: fps, split: split, size: size}
+	c.m[node] = splitEntry{rev: rev, spec: spec, fps: fps, split: split, size: size}
 	c.bytes += size
 }
 
@@ -104,7 +108,7 @@ func (c *splitCache) drop(node string) {
 func (p *Passer) split(st *nodeState, fps map[string]string, modules map[string]compose.Module, manifests map[string]*typev1.ModuleManifest) (compose.Split, error) {
 	node := st.spec.GetNode()
 	key := fpsKey(fps)
-	if s, ok := p.splits.get(node, st.specRev, key); ok {
+	if s, ok := p.splits.get(node, st.specRev, st.spec, key); ok {
 		return s, nil
 	}
 	decl, err := compose.Declare(st.spec, modules)
@@ -113,7 +117,7 @@ func (p *Passer) split(st *nodeState, fps map[string]string, modules map[string]
 	}
 	s := compose.SplitDeclaration(compose.SplitInput{Declaration: decl, Fingerprints: fps, Manifests: manifests, Runs: decl.GetRuns()})
 	if st.specRev != 0 {
-		p.splits.put(node, st.specRev, key, s)
+		p.splits.put(node, st.specRev, st.spec, key, s)
 	}
 	return s, nil
 }
