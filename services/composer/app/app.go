@@ -256,6 +256,13 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 		}
 	})
 	tracer := tp.Tracer("mesh.dev/services/composer")
+	// recompose asks for a pass of a node: a read found one of its
+	// compositions corrupt.
+	recompose := func(node, reason string) {
+		if rec != nil {
+			rec.Enqueue(context.Background(), node, reason)
+		}
+	}
 	c.Hub = syncsvc.NewHub(c.Store, log)
 	c.Sweeper = objects.New(c.Store, objects.DefaultGrace, log, nil)
 	c.Passer = pass.New(pass.Config{
@@ -274,7 +281,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 		}
 	})
 
-	apiServer := api.New(api.Config{Store: c.Store, Passer: c.Passer, Declarer: c.Passer, Lease: c.Lease, Logger: log})
+	apiServer := api.New(api.Config{Store: c.Store, Passer: c.Passer, Declarer: c.Passer, Lease: c.Lease, Logger: log, Recompose: recompose})
 	syncServer := syncsvc.New(syncsvc.Config{Hub: c.Hub, Store: c.Store, Keysets: c.Trust, Catalog: c.View, Logger: log, Tracer: tracer,
 		Labels: func(node string) map[string]string {
 			spec, _ := rec.Spec(node)

@@ -52,6 +52,9 @@ type Config struct {
 	Declarer Declarer
 	Lease    Leader
 	Logger   *slog.Logger
+	// Recompose, when set, asks for a pass of a node soon: a read that
+	// finds one of the node's compositions corrupt asks for its repair.
+	Recompose func(node, reason string)
 	// Now stamps approvals; tests pin it.
 	Now func() *timestamppb.Timestamp
 }
@@ -514,10 +517,25 @@ func (s *Server) GetComposition(ctx context.Context, req *composerv1.GetComposit
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, s.toStatus(ctx, "GetComposition", fmt.Errorf("%w: no composition %s", errNotFound, req.GetKey()))
 	}
+	if errors.Is(err, store.ErrCorrupt) {
+		return nil, s.corrupt(ctx, "GetComposition", req.GetKey(), err)
+	}
 	if err != nil {
 		return nil, s.toStatus(ctx, "GetComposition", err)
 	}
 	return &composerv1.GetCompositionResponse{Composition: env, Digest: envelope.Digest(env)}, nil
+}
+
+// corrupt answers a read of a composition key whose stored value does not
+// decode (DESIGN.md §5.2.2: present with no content, replaced by the next
+// pass): DATA_LOSS, saying so, and a pass of the node is asked for, so
+// the lease holder writes it again.
+func (s *Server) corrupt(ctx context.Context, method, key string, err error) error {
+	s.log.WarnContext(ctx, "a composition key holds a value that does not decode; asking for its node's pass", "method", method, "key", key, "error", err)
+	if k, perr := names.ParseCompositionKey(key); perr == nil && s.cfg.Recompose != nil {
+		s.cfg.Recompose(k.Node, "composition "+key+" read and found not to decode")
+	}
+	return status.Errorf(codes.DataLoss, "composition %s holds a value that does not decode; the composer writes it again, retry later", key)
 }
 
 // objectChunk is the size of GetObject's messages.
@@ -540,12 +558,15 @@ func (s *Server) GetObject(req *composerv1.GetObjectRequest, stream grpc.ServerS
 	if errors.Is(err, store.ErrNotFound) {
 		return s.toStatus(ctx, "GetObject", fmt.Errorf("%w: no composition %s", errNotFound, req.GetCompositionKey()))
 	}
+	if errors.Is(err, store.ErrCorrupt) {
+		return s.corrupt(ctx, "GetObject", req.GetCompositionKey(), err)
+	}
 	if err != nil {
 		return s.toStatus(ctx, "GetObject", err)
 	}
 	c := &typev1.Composition{}
 	if err := envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, c); err != nil {
-		return s.toStatus(ctx, "GetObject", err)
+		return s.corrupt(ctx, "GetObject", req.GetCompositionKey(), err)
 	}
 	var size int64 = -1
 	for _, r := range c.GetResources() {

@@ -31,6 +31,10 @@ var (
 	ErrConflict = natsx.ErrConflict
 )
 
+// ErrCorrupt is wrapped by the error of a read whose stored value does not
+// decode (bad bytes written past the services, a damaged store).
+var ErrCorrupt = errors.New("stored value does not decode")
+
 // Store holds the composer's buckets.
 type Store struct {
 	Nodes        *natsx.KV
@@ -200,7 +204,7 @@ func (s *Store) ObjectOptions() []natsx.Option { return s.opts }
 // decode unmarshals a stored record.
 func decode(e natsx.Entry, m proto.Message) error {
 	if err := proto.Unmarshal(e.Value, m); err != nil {
-		return fmt.Errorf("%s: stored value does not decode as %s: %w", e.Key, m.ProtoReflect().Descriptor().FullName(), err)
+		return fmt.Errorf("%s: %w as %s: %w", e.Key, ErrCorrupt, m.ProtoReflect().Descriptor().FullName(), err)
 	}
 	return nil
 }
@@ -308,8 +312,8 @@ func (s *Store) WriteRecord(ctx context.Context, key string, r *composerv1.Judge
 
 // Composition returns the stored value of a composition key: a signed
 // envelope. The envelope is returned even when the caller will find it does
-// not verify; a value that does not decode returns an error and the
-// revision, so the writer can replace it by CAS.
+// not verify; a value that does not decode returns an error wrapping
+// ErrCorrupt and the revision, so the writer can replace it by CAS.
 func (s *Store) Composition(ctx context.Context, key string) (*typev1.Envelope, uint64, time.Time, error) {
 	e, err := s.Compositions.Get(ctx, key)
 	if err != nil {

@@ -1,0 +1,86 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"mesh.dev/internal/identity"
+	"mesh.dev/internal/natsx"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	ct "mesh.dev/services/composer/internal/composertest"
+)
+
+// raw returns the stored bytes of a key.
+func raw(t testing.TB, w *ct.World, bucket, key string) []byte {
+	t.Helper()
+	e, err := w.KV(t, bucket).Get(context.Background(), key)
+	ct.Must(t, err)
+	return bytes.Clone(e.Value)
+}
+
+// putRaw writes bytes straight into a key, no CAS: what someone who can
+// write to NATS and holds no key can do.
+func putRaw(t testing.TB, w *ct.World, bucket, key string, b []byte) uint64 {
+	t.Helper()
+	rev, err := w.KV(t, bucket).Put(context.Background(), key, b)
+	ct.Must(t, err)
+	return rev
+}
+
+// repaired waits until a node's assignment wants fps above revision floor
+// and every composition it names is held and verifies.
+func repaired(t testing.TB, w *ct.World, node string, fps map[string]string, floor uint64) *composerv1.Assignment {
+	t.Helper()
+	var a *composerv1.Assignment
+	ct.WaitFor(t, node+" repaired", 30*time.Second, func() (bool, string) {
+		var err error
+		if a, _, err = w.Assignment(t, node); err != nil {
+			return false, err.Error()
+		}
+		for m, fp := range fps {
+			if ct.Want(a, m).GetFingerprint() != fp {
+				return false, fmt.Sprintf("wants %s at %s, not %s", m, ct.Want(a, m).GetFingerprint(), fp)
+			}
+		}
+		if a.GetManifestRevision() <= floor {
+			return false, fmt.Sprintf("manifest revision %d, not above %d", a.GetManifestRevision(), floor)
+		}
+		if _, err := w.CheckAssignment(t, a); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+	return a
+}
+
+// TestCorruptCompositionRewritten: bytes that do not decode are written
+// straight into the key of a wanted composition. A node reading it gets
+// DATA_LOSS saying so (not INTERNAL), and the composer writes the
+// composition again by CAS at that revision (DESIGN.md §5.2 step 2).
+func TestCorruptCompositionRewritten(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartComposer(t, "one")
+	motd := w.Release(t, ct.Motd("1.0"), nil)
+	c.PutNode(t, ct.Spec("a", "motd"))
+	a := w.Converged(t, "a", map[string]string{"motd": motd})
+	key := ct.Want(a, "motd").GetCompositionKey()
+	putRaw(t, w, natsx.BucketCompositions, key, bytes.Repeat([]byte{0xff, 0x00, 0x13}, 100))
+
+	node := composerv1.NewComposerServiceClient(w.As(t, c.Addr, identity.RoleNode, "a"))
+	_, err := node.GetComposition(context.Background(), &composerv1.GetCompositionRequest{Key: key})
+	if st, _ := status.FromError(err); st.Code() != codes.DataLoss || !strings.Contains(st.Message(), "does not decode") {
+		t.Errorf("GetComposition of a key holding bad bytes: %v; want DATA_LOSS saying it does not decode", err)
+	}
+	repaired(t, w, "a", map[string]string{"motd": motd}, 0)
+	if _, err := node.GetComposition(context.Background(), &composerv1.GetCompositionRequest{Key: key}); err != nil {
+		t.Errorf("GetComposition after the repair: %v", err)
+	}
+}
