@@ -65,6 +65,8 @@ type Passer struct {
 	// records and compositions mirror buckets composed and compositions
 	// (see mirror).
 	records, compositions *mirror
+	// objects are the object versions found to hash to their names.
+	objects objectChecks
 }
 
 // hooks let tests act between the steps of a pass (export_test.go sets

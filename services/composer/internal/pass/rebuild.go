@@ -62,7 +62,7 @@ func (p *Passer) rebuildHeld(ctx context.Context, st *nodeState, prev *typev1.Wa
 	if err := p.readHeld(ctx, it); err != nil {
 		return nil, err
 	}
-	if err := p.holdObjects(ctx, st.spec.GetNode(), it); err != nil {
+	if err := p.holdObjects(ctx, st.spec.GetNode(), it, false); err != nil {
 		return nil, err
 	}
 	if err := p.stillHolds(st); err != nil {

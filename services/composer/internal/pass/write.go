@@ -3,8 +3,10 @@ package pass
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"time"
 
@@ -282,6 +284,9 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 			moduleFailed = true
 		}
 	}
+	// The compositions whose objects the engine found other bytes in
+	// (DIGEST_MISMATCH or SIZE_EXCEEDED): their objects are hashed again.
+	suspect := suspectKeys(st.haves)
 	var toSign []*item
 	for _, it := range work {
 		if it.err != nil {
@@ -289,9 +294,14 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 			continue
 		}
 		if !it.differs {
+			if suspect[it.key] {
+				if err := p.holdObjects(ctx, node, it, true); err != nil {
+					failed(it, err)
+				}
+			}
 			continue
 		}
-		if err := p.holdObjects(ctx, node, it); err != nil {
+		if err := p.holdObjects(ctx, node, it, false); err != nil {
 			failed(it, err)
 			continue
 		}
@@ -423,11 +433,20 @@ func (p *Passer) followAll(ctx context.Context, items []*item, jc *judging, fail
 }
 
 // holdObjects makes sure every object a composition names is held in the
-// object store before the composition is signed and written: content this
-// pass moved out of line is put unless held already; an object named
-// otherwise (a node's own resource naming one) must be held. A composition
-// is never written naming an object that is not held.
-func (p *Passer) holdObjects(ctx context.Context, node string, it *item) error {
+// object store, its stored bytes hashing to its name, before the
+// composition is signed and written: content this pass moved out of line
+// is put unless held already (and put again over other bytes stored under
+// its name); an object named otherwise (a node's own resource naming one)
+// must be held. A composition is never written naming an object that is
+// not held.
+//
+// Objects are derived and shared by digest, so a write past the composer
+// can leave other bytes under a digest's name. An object is hashed once
+// per stored version (its NUID) — every pass writing a composition would
+// otherwise read every object again — or, with check set, again whatever
+// was verified before: an engine reported the composition's content
+// refused (see suspectKeys).
+func (p *Passer) holdObjects(ctx context.Context, node string, it *item, check bool) error {
 	seen := map[string]bool{}
 	for _, r := range it.comp.GetResources() {
 		o := r.GetObject()
@@ -441,25 +460,71 @@ func (p *Passer) holdObjects(ctx context.Context, node string, it *item) error {
 			p.cfg.ObjectTouched(d)
 		}
 		info, err := p.cfg.Store.Objects.GetInfo(ctx, d)
-		if err == nil && !info.Deleted && info.Size == uint64(o.GetSize()) {
+		held := err == nil && !info.Deleted && info.Size == uint64(o.GetSize())
+		why := "the object store holds no such object"
+		switch {
+		case err != nil && !errors.Is(err, jetstream.ErrObjectNotFound):
+			why = err.Error()
+		case err == nil && !held:
+			why = fmt.Sprintf("the object store holds %d bytes, the resource says %d", info.Size, o.GetSize())
+		}
+		if held && (check || !p.objects.verified(d, info.NUID)) {
+			ok, herr := p.objectHashes(ctx, d)
+			if herr != nil {
+				return fmt.Errorf("%s: resource %s: object %s of node %s cannot be read to check it (%v); not written", it.key, r.GetId(), d, node, herr)
+			}
+			if !ok {
+				held, why = false, "its stored bytes do not hash to its name"
+				p.cfg.Logger.WarnContext(ctx, "an object's stored bytes do not hash to its name", "object", d, "key", it.key, "node", node)
+			} else {
+				p.objects.remember(d, info.NUID)
+			}
+		}
+		if held {
 			continue
 		}
 		b, ours := it.objects[d]
 		if !ours {
-			why := "the object store holds no such object"
-			switch {
-			case err != nil && !errors.Is(err, jetstream.ErrObjectNotFound):
-				why = err.Error()
-			case err == nil:
-				why = fmt.Sprintf("the object store holds %d bytes, the resource says %d", info.Size, o.GetSize())
-			}
 			return fmt.Errorf("%s: resource %s: object %s of node %s is not held (%s); not written", it.key, r.GetId(), d, node, why)
 		}
-		if _, err := natsx.PutObject(ctx, p.cfg.Store.Objects, d, bytes.NewReader(b), int64(len(b)), p.cfg.Store.ObjectOptions()...); err != nil {
+		put, err := natsx.PutObject(ctx, p.cfg.Store.Objects, d, bytes.NewReader(b), int64(len(b)), p.cfg.Store.ObjectOptions()...)
+		if err != nil {
 			return fmt.Errorf("%s: resource %s: object %s of node %s is not held (%v); not written", it.key, it.objectOwner[d], d, node, err)
 		}
+		p.objects.remember(d, put.NUID)
 	}
 	return nil
+}
+
+// objectHashes reports whether an object's stored bytes hash to its name.
+func (p *Passer) objectHashes(ctx context.Context, digest string) (bool, error) {
+	r, _, err := natsx.GetObject(ctx, p.cfg.Store.Objects, digest, 0, p.cfg.Store.ObjectOptions()...)
+	if err != nil {
+		return false, err
+	}
+	defer r.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, r); err != nil {
+		return false, err
+	}
+	return names.DigestOfSum(h.Sum(nil)) == digest, nil
+}
+
+// suspectKeys are the composition keys of a node's attempts that failed for
+// the content of a file: DIGEST_MISMATCH or SIZE_EXCEEDED.
+func suspectKeys(h *composerv1.HaveRecord) map[string]bool {
+	out := map[string]bool{}
+	for _, hv := range h.GetHaves() {
+		a := hv.GetAttempt()
+		if a.GetState() != composerv1.AttemptState_ATTEMPT_STATE_FAILED {
+			continue
+		}
+		switch a.GetReasonCode() {
+		case composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH, composerv1.ReasonCode_REASON_CODE_SIZE_EXCEEDED:
+			out[a.GetKey()] = true
+		}
+	}
+	return out
 }
 
 // cas writes a signed composition: Create when absent, Update at the read
