@@ -256,11 +256,18 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 		}
 	})
 	tracer := tp.Tracer("mesh.dev/services/composer")
-	// recompose asks for a pass of a node: a read found one of its
-	// compositions corrupt.
+	// recompose asks for a pass of a node (every node when node is ""):
+	// another writer changed what a pass wrote, or a read found it corrupt.
 	recompose := func(node, reason string) {
-		if rec != nil {
-			rec.Enqueue(context.Background(), node, reason)
+		if rec == nil {
+			return
+		}
+		nodes := []string{node}
+		if node == "" {
+			nodes = rec.Nodes()
+		}
+		for _, n := range nodes {
+			rec.Enqueue(context.Background(), n, reason)
 		}
 	}
 	c.Hub = syncsvc.NewHub(c.Store, log)
@@ -270,6 +277,12 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 		Store:    c.Store, Catalog: c.View, Signer: signer, Trust: c.Trust, Lease: c.Lease,
 		LeaseMargin: c.Lease.RenewInterval(), Tracer: tracer, Logger: log,
 		Approvals: approvalsOf{&rec}, ObjectTouched: c.Sweeper.Touch,
+		Recompose: recompose,
+		// The catalog's buckets live in the same JetStream: when the
+		// composer's went back, the view reads the catalog again before
+		// the passes that follow use it.
+		StoreWentBack:   func(string) { c.View.Resync() },
+		CatalogCaughtUp: c.View.CaughtUp,
 	})
 	rec = reconcile.New(reconcile.Config{Store: c.Store, Passer: c.Passer, Logger: log, Workers: cfg.Workers, Tracer: tracer,
 		Period: time.Duration(cfg.ReconcilePeriod), OnPass: opts.OnPass, OnNodeDeleted: c.Hub.NodeGone})
@@ -391,6 +404,7 @@ func (c *Composer) Serve(ctx context.Context, ready func(net.Addr)) error {
 		supervise.Task{Name: "store watches", Run: c.Reconciler.Watch},
 		supervise.Task{Name: "judgement records", Run: c.Passer.FollowRecords},
 		supervise.Task{Name: "compositions mirror", Run: c.Passer.FollowCompositions},
+		supervise.Task{Name: "assignments watch", Run: c.Passer.FollowAssignments},
 		supervise.Task{Name: "keyset watch", Run: c.Trust.Watch},
 		supervise.Task{Name: "sync hub", Run: c.Hub.Run},
 		supervise.Task{Name: "lease", Run: func(ctx context.Context) error {

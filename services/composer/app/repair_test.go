@@ -60,6 +60,33 @@ func repaired(t testing.TB, w *ct.World, node string, fps map[string]string, flo
 	return a
 }
 
+// TestReplayedAssignmentAndComposition: an old signed assignment is written
+// straight into a node's key of bucket assignments, and an old signed
+// composition into the key its current manifest names. Both verify; the
+// composer, which did not write them, recomposes the node: the assignment
+// wants the current release again, at a manifest revision above the
+// replayed and the current one, and the key holds the composition its
+// want names.
+func TestReplayedAssignmentAndComposition(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartComposer(t, "one")
+	motd1 := w.Release(t, ct.Motd("1.0"), nil)
+	c.PutNode(t, ct.Spec("a", "motd"))
+	old := w.Converged(t, "a", map[string]string{"motd": motd1})
+	oldAssignment := raw(t, w, natsx.BucketAssignments, "a")
+	oldComposition := raw(t, w, natsx.BucketCompositions, ct.Want(old, "motd").GetCompositionKey())
+	motd2 := w.Release(t, ct.Motd("2.0"), nil)
+	cur := w.Converged(t, "a", map[string]string{"motd": motd2})
+
+	putRaw(t, w, natsx.BucketCompositions, ct.Want(cur, "motd").GetCompositionKey(), oldComposition)
+	putRaw(t, w, natsx.BucketAssignments, "a", oldAssignment)
+	a := repaired(t, w, "a", map[string]string{"motd": motd2}, cur.GetManifestRevision())
+	if got := ct.Want(a, "motd").GetCompositionDigest(); got != ct.Want(cur, "motd").GetCompositionDigest() {
+		t.Errorf("the repaired want names digest %s, the current one was %s", got, ct.Want(cur, "motd").GetCompositionDigest())
+	}
+}
+
 // TestCorruptCompositionRewritten: bytes that do not decode are written
 // straight into the key of a wanted composition. A node reading it gets
 // DATA_LOSS saying so (not INTERNAL), and the composer writes the

@@ -83,7 +83,10 @@ func TestConvergesAfterTheStoreWentBack(t *testing.T) {
 		t.Errorf("the catalog view holds motd at %s (%v), the catalog %s", reg.GetFingerprint(), ok, motd1)
 	}
 
-	w.Register(t, "motd", motd2)
+	// Published again: its entry, build and registration were lost too.
+	if fp := w.Release(t, ct.Motd("2.0"), nil); fp != motd2 {
+		t.Fatalf("motd 2.0 published again has fingerprint %s, not %s", fp, motd2)
+	}
 	again := w.Converged(t, "a", map[string]string{"motd": motd2})
 	if again.GetManifestRevision() <= back.GetManifestRevision() {
 		t.Errorf("motd 2.0 again at manifest revision %d, not above %d", again.GetManifestRevision(), back.GetManifestRevision())

@@ -48,6 +48,10 @@ type View struct {
 	// healthy is set while the watch stream is up and caught up.
 	healthy   bool
 	lastEvent time.Time
+	// endStream ends the watch stream running now; resync is set when
+	// Resync ended it (the watch is resumed at once).
+	endStream context.CancelFunc
+	resync    bool
 
 	cacheMu sync.Mutex
 	entries map[string]*pass.Release
@@ -73,9 +77,14 @@ func (v *View) Run(ctx context.Context) error {
 		err := v.watch(ctx)
 		v.mu.Lock()
 		v.healthy = false
+		resync := v.resync
+		v.resync = false
 		v.mu.Unlock()
 		if ctx.Err() != nil {
 			return nil
+		}
+		if resync {
+			continue
 		}
 		v.log.Warn("catalog watch broke; resuming", "error", err, "from_revision", v.Revision(), "in", backoff)
 		select {
@@ -88,7 +97,28 @@ func (v *View) Run(ctx context.Context) error {
 	return nil
 }
 
+// Resync makes the view read every registration the catalog holds again
+// before a pass uses it (CaughtUp is false meanwhile): the composer's own
+// buckets went back to an older state, and the catalog's, in the same
+// JetStream, most likely did too. The watch is resumed at once from the
+// view's revision, which the catalog then counts as 0 if its store no
+// longer reaches it.
+func (v *View) Resync() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.caughtUp = false
+	if v.endStream != nil {
+		v.resync = true
+		v.endStream()
+	}
+}
+
 func (v *View) watch(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	v.mu.Lock()
+	v.endStream = cancel
+	v.mu.Unlock()
 	from := v.Revision()
 	stream, err := v.client.WatchModules(ctx, &catalogv1.WatchModulesRequest{FromRevision: from})
 	if err != nil {
@@ -111,6 +141,13 @@ func (v *View) watch(ctx context.Context) error {
 		v.lastEvent = time.Now()
 		if msg.GetCaughtUp() {
 			var gone []*catalogv1.Registration
+			// A caught_up marker after the first one in a stream, or a
+			// first one below from_revision, follows everything sent again
+			// because the catalog's store went back: entries and builds it
+			// held may be lost too.
+			if !first || (from > 0 && msg.GetRevision() < from) {
+				v.dropCaches()
+			}
 			if first && from > 0 && msg.GetRevision() < from {
 				// The catalog's store holds less than this view saw (it
 				// went back to an older state): it sent every current
@@ -155,6 +192,14 @@ func (v *View) watch(ctx context.Context) error {
 			v.onChange(reg)
 		}
 	}
+}
+
+// dropCaches forgets the entries and builds cached.
+func (v *View) dropCaches() {
+	v.cacheMu.Lock()
+	defer v.cacheMu.Unlock()
+	v.entries = map[string]*pass.Release{}
+	v.builds = map[string]*catalogv1.Build{}
 }
 
 // Revision is the last store revision the view has seen.

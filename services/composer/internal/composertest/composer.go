@@ -129,6 +129,7 @@ func (w *World) StartManual(t testing.TB, holder string, opts ...ComposerOption)
 			supervise.Task{Name: "store watches", Run: c.Reconciler.Watch},
 			supervise.Task{Name: "judgement records", Run: c.Passer.FollowRecords},
 			supervise.Task{Name: "compositions mirror", Run: c.Passer.FollowCompositions},
+			supervise.Task{Name: "assignments watch", Run: c.Passer.FollowAssignments},
 			supervise.Task{Name: "keyset watch", Run: c.Trust.Watch},
 			supervise.Task{Name: "sync hub", Run: c.Hub.Run},
 			supervise.Task{Name: "lease", Run: func(ctx context.Context) error {

@@ -54,6 +54,18 @@ type Config struct {
 	// sure is held, before it checks: the object sweep of this process
 	// keeps an object a pass is about to name.
 	ObjectTouched func(digest string)
+	// Recompose, when set, asks for a pass of a node soon (of every node
+	// when node is ""): the lease holder calls it when another writer
+	// changed a node's assignment or compositions, or a bucket went back
+	// to an older state (see FollowAssignments).
+	Recompose func(node, reason string)
+	// StoreWentBack, when set, is told that a bucket the passes write went
+	// back to an older state, before the passes that follow are asked for
+	// (the app has the catalog view read every registration again).
+	StoreWentBack func(bucket string)
+	// CatalogCaughtUp, when set, reports whether the catalog view holds
+	// every registration; a pass refuses to run while it does not.
+	CatalogCaughtUp func() bool
 }
 
 // Passer writes nodes.
@@ -65,6 +77,10 @@ type Passer struct {
 	// records and compositions mirror buckets composed and compositions
 	// (see mirror).
 	records, compositions *mirror
+	// own are the writes this composer made lately; seen the highest
+	// manifest revision seen of each node (see others.go).
+	own  ownWrites
+	seen seenRevisions
 	// objects are the object versions found to hash to their names.
 	objects objectChecks
 }
@@ -100,8 +116,11 @@ func New(cfg Config) *Passer {
 	if cfg.KeepPerModule == 0 {
 		cfg.KeepPerModule = 5
 	}
-	return &Passer{cfg: cfg, records: newMirror("judgement record", recordSummary),
+	p := &Passer{cfg: cfg, records: newMirror("judgement record", recordSummary),
 		compositions: newMirror("composition", compositionSummary)}
+	p.compositions.onWrite = p.compositionWritten
+	p.compositions.onResync = func() { p.storeWentBack(natsx.BucketCompositions) }
+	return p
 }
 
 // Mode says whether a pass writes or only plans.
@@ -156,6 +175,11 @@ type Result struct {
 
 // ErrStale is returned by an Apply whose planned inputs moved.
 var ErrStale = errors.New("the plan's inputs moved")
+
+// ErrCatalogBehind is returned by a pass while the catalog view does not
+// hold every registration (at start, and while it reads them again after
+// the store went back).
+var ErrCatalogBehind = errors.New("the catalog view is reading the registrations again; the pass is retried")
 
 // ErrNoSpec is returned for a node without a spec.
 var ErrNoSpec = errors.New("no node spec")
@@ -333,6 +357,11 @@ func (p *Passer) Run(ctx context.Context, node string, mode Mode, expect *compos
 }
 
 func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *composerv1.AssignmentInputs) (*Result, error) {
+	if p.cfg.CatalogCaughtUp != nil && !p.cfg.CatalogCaughtUp() {
+		// A pass on a partial view would hold modules for want of a
+		// registration, or compose one the catalog no longer has.
+		return nil, ErrCatalogBehind
+	}
 	var epoch uint64
 	if mode == Write {
 		var err error
@@ -684,6 +713,12 @@ func (p *Passer) needsCommit(st *nodeState, wants []*typev1.Want, holds []*compo
 	if h.GetHighWater() > a.GetManifestRevision() {
 		return changes, true
 	}
+	if p.seen.highest(st.spec.GetNode()) > a.GetManifestRevision() {
+		// A manifest above the held one was in this bucket (the store went
+		// back, or an old assignment was written over the current one):
+		// an engine may run it, and would refuse the held one.
+		return changes, true
+	}
 	// A revision conflict the engine reports (a revision at or below its
 	// high-water, or equal to it with another digest) is answered once: by
 	// a manifest above the high-water it reported. Once the held revision
@@ -722,7 +757,7 @@ func (p *Passer) commit(ctx context.Context, st *nodeState, wants []*typev1.Want
 	}
 	a := &composerv1.Assignment{Node: node, Wants: wants, Holds: holds, Inputs: inputs, Moved: moved}
 	if sign || st.assignment == nil {
-		floor := max(st.assignment.GetManifestRevision(), st.haves.GetHighWater()) + 1
+		floor := max(st.assignment.GetManifestRevision(), st.haves.GetHighWater(), p.seen.highest(node)) + 1
 		tp, ts := telemetry.Traceparent(ctx)
 		signed, err := p.cfg.Signer.SignManifests(ctx, st.epoch, []*signerv1.ManifestItem{{Node: node, RevisionFloor: floor, Wants: wants, Traceparent: tp, Tracestate: ts}})
 		if err != nil {
@@ -736,12 +771,15 @@ func (p *Passer) commit(ctx context.Context, st *nodeState, wants []*typev1.Want
 	wctx, span := p.cfg.Tracer.Start(ctx, "composer.write.assignment", trace.WithAttributes(
 		attribute.String("mesh.node", node), attribute.Int64("mesh.manifest_revision", int64(a.GetManifestRevision()))))
 	defer span.End()
-	if _, err := p.cfg.Store.WriteAssignment(wctx, a, st.asgRev); err != nil {
+	rev, err := p.cfg.Store.WriteAssignment(wctx, a, st.asgRev)
+	if err != nil {
 		err = fmt.Errorf("%s: commit assignment at revision %d: %w", node, st.asgRev, err)
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 		return nil, err
 	}
+	p.own.wrote(natsx.BucketAssignments, node, rev, false)
+	p.seen.saw(node, a.GetManifestRevision())
 	return a, nil
 }
 
@@ -782,9 +820,8 @@ func (p *Passer) DeleteNode(ctx context.Context, node string) error {
 	}
 	p.splits.drop(node)
 	var errs []error
-	del := func(kv interface {
-		Delete(context.Context, string, ...natsx.DeleteOption) error
-	}, key string) {
+	del := func(kv *natsx.KV, key string) {
+		p.own.wrote(kv.Bucket(), key, 0, true)
 		if err := kv.Delete(ctx, key); err != nil && !errors.Is(err, store.ErrNotFound) {
 			errs = append(errs, err)
 		}

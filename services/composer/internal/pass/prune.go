@@ -125,6 +125,7 @@ func (p *Passer) prune(ctx context.Context, node string, asg *composerv1.Assignm
 				errs = append(errs, err)
 				continue
 			}
+			p.own.wrote(natsx.BucketCompositions, e.Key, 0, true)
 			if err := p.cfg.Store.Compositions.Delete(ctx, e.Key); err != nil && !errors.Is(err, store.ErrNotFound) {
 				errs = append(errs, err)
 			}

@@ -41,6 +41,12 @@ type mirror struct {
 	// names its signatures when it has any.
 	summary func(value []byte) (sum, signatures string)
 
+	// onWrite, when set, is told of every write the watch delivers once
+	// the mirror holds the bucket's values; onResync when the watch
+	// starts over because the bucket went back to an older state.
+	onWrite  func(e *natsx.Entry)
+	onResync func()
+
 	mu      sync.Mutex
 	changed *sync.Cond
 	m       map[string]mirrored
@@ -128,6 +134,9 @@ func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
 			m.m, m.seen = map[string]mirrored{}, 0
 			m.changed.Broadcast()
 			m.mu.Unlock()
+			if m.onResync != nil {
+				m.onResync()
+			}
 			continue
 		}
 		v := mirrored{rev: e.Revision}
@@ -138,8 +147,12 @@ func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
 		m.mu.Lock()
 		m.m[e.Key] = v
 		m.seen = max(m.seen, e.Revision)
+		ready := m.ready
 		m.changed.Broadcast()
 		m.mu.Unlock()
+		if ready && m.onWrite != nil {
+			m.onWrite(e)
+		}
 	}
 	if ctx.Err() != nil {
 		return nil

@@ -541,6 +541,7 @@ func (p *Passer) cas(ctx context.Context, it *item) error {
 		}
 		rev, err := p.cfg.Store.WriteComposition(ctx, it.key, it.env, it.heldRev)
 		if err == nil {
+			p.own.wrote(natsx.BucketCompositions, it.key, rev, false)
 			it.written = rev
 			return nil
 		}
