@@ -396,9 +396,13 @@ func TestCorruptCompositionAndObject(t *testing.T) {
 			return fmt.Errorf("%s reported no failed attempt", e.Node)
 		})
 		r.healed("the composer repaired " + key + " and object " + object)
+		// A context of its own: the one of the corruption may have run out
+		// while the fleet converged (up to ConvergeBound).
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
 		for what, ok := range map[string]func() (bool, error){
-			key:    func() (bool, error) { return r.m.CompositionHeld(ctx, key, "") },
-			object: func() (bool, error) { return r.m.ObjectHeld(ctx, object) },
+			key:    func() (bool, error) { return r.m.CompositionHeld(cctx, key, "") },
+			object: func() (bool, error) { return r.m.ObjectHeld(cctx, object) },
 		} {
 			if held, err := ok(); err != nil || !held {
 				r.t.Fatalf("%s not repaired: %v", what, err)
