@@ -20,8 +20,9 @@ import (
 // TestCorruptObjectPutAgain: other bytes are stored under an object's name
 // (its digest). The composer puts the object again when an engine reports
 // the composition naming it refused for its content — longer than declared
-// (SIZE_EXCEEDED) or another digest (DIGEST_MISMATCH) — and when it writes
-// a composition naming it; it does not hash every object at every pass.
+// (SIZE_EXCEEDED) or another digest (DIGEST_MISMATCH), signing the
+// manifest again so the engine tries again at once — and when it writes a
+// composition naming it; it does not hash every object at every pass.
 func TestCorruptObjectPutAgain(t *testing.T) {
 	t.Parallel()
 	big := fill(lint.MaxInlineContent+1, 'b')
@@ -53,6 +54,8 @@ func TestCorruptObjectPutAgain(t *testing.T) {
 					State: composerv1.AttemptState_ATTEMPT_STATE_FAILED, ReasonCode: tc.code, Reason: "local:big: object " + digest + " refused"}}}}
 			w.Put(t, natsx.BucketHaves, "a", rec)
 			objectRepaired(t, w, digest, big)
+			// Signed again, so the engine tries again at once.
+			repaired(t, w, "a", map[string]string{}, a.GetManifestRevision())
 
 			// A composition written naming it checks it too.
 			corrupt(t, w, digest, tc.bytes)

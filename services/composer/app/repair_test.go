@@ -90,7 +90,9 @@ func TestReplayedAssignmentAndComposition(t *testing.T) {
 // TestCorruptCompositionRewritten: bytes that do not decode are written
 // straight into the key of a wanted composition. A node reading it gets
 // DATA_LOSS saying so (not INTERNAL), and the composer writes the
-// composition again by CAS at that revision (DESIGN.md §5.2 step 2).
+// composition again by CAS at that revision (DESIGN.md §5.2 step 2) and
+// signs the manifest again, so that an engine that refused it tries again
+// at once.
 func TestCorruptCompositionRewritten(t *testing.T) {
 	t.Parallel()
 	w := ct.New(t)
@@ -106,7 +108,8 @@ func TestCorruptCompositionRewritten(t *testing.T) {
 	if st, _ := status.FromError(err); st.Code() != codes.DataLoss || !strings.Contains(st.Message(), "does not decode") {
 		t.Errorf("GetComposition of a key holding bad bytes: %v; want DATA_LOSS saying it does not decode", err)
 	}
-	repaired(t, w, "a", map[string]string{"motd": motd}, 0)
+	// Signed again, so an engine that refused it tries again at once.
+	repaired(t, w, "a", map[string]string{"motd": motd}, a.GetManifestRevision())
 	if _, err := node.GetComposition(context.Background(), &composerv1.GetCompositionRequest{Key: key}); err != nil {
 		t.Errorf("GetComposition after the repair: %v", err)
 	}

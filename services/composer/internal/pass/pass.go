@@ -223,6 +223,21 @@ type nodeState struct {
 	// mirror says whether the composition mirror was current when the
 	// pass began comparing: 0 not asked yet, 1 yes, 2 no.
 	mirror int
+	// repaired are the keys of compositions the held manifest names that
+	// this pass wrote again at the very digest named, or whose objects it
+	// put again: the manifest is then signed again (see needsCommit).
+	repaired []string
+}
+
+// wanted reports whether the held assignment wants a composition key at a
+// digest.
+func (st *nodeState) wanted(key, digest string) bool {
+	for _, w := range st.assignment.GetWants() {
+		if w.GetCompositionKey() == key && w.GetCompositionDigest() == digest {
+			return true
+		}
+	}
+	return false
 }
 
 // wrote notes a composition this pass wrote at rev.
@@ -694,6 +709,9 @@ func (p *Passer) needsCommit(st *nodeState, wants []*typev1.Want, holds []*compo
 	}
 	if !holdsEqual(a.GetHolds(), holds) || !slices.Equal(a.GetMoved(), moved) {
 		changes = true
+	}
+	if len(st.repaired) > 0 {
+		return changes, true
 	}
 	m := &typev1.Manifest{}
 	if err := envelope.Open(a.GetManifest(), typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m); err != nil {

@@ -55,6 +55,9 @@ type item struct {
 	absent bool
 	// written is the revision written by this pass.
 	written uint64
+	// reput is set when an object the composition names was held with
+	// other bytes and was put again.
+	reput bool
 	// rec and recRev are the judgement record held under the key and its
 	// revision (nil, 0: none), once recLoaded.
 	rec       *composerv1.JudgementRecord
@@ -297,6 +300,8 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 			if suspect[it.key] {
 				if err := p.holdObjects(ctx, node, it, true); err != nil {
 					failed(it, err)
+				} else if it.reput && st.wanted(it.key, it.digest) {
+					st.repaired = append(st.repaired, it.key)
 				}
 			}
 			continue
@@ -366,6 +371,14 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 				failed(it, err)
 				return false
 			}
+		}
+		if (it.written != 0 || it.reput) && st.wanted(it.key, it.digest) {
+			// What the held manifest names was missing or other bytes (a
+			// store that went back, a replay, a corruption) and is right
+			// again: the manifest is signed again so the engine, which may
+			// have refused it, tries again now rather than at its next
+			// drift pass.
+			st.repaired = append(st.repaired, it.key)
 		}
 		jc.judge(ctx, it)
 		wrote, err := p.writeRecord(ctx, it, jc)
@@ -483,6 +496,7 @@ func (p *Passer) holdObjects(ctx context.Context, node string, it *item, check b
 		if held {
 			continue
 		}
+		wasHeld := err == nil && !info.Deleted
 		b, ours := it.objects[d]
 		if !ours {
 			return fmt.Errorf("%s: resource %s: object %s of node %s is not held (%s); not written", it.key, r.GetId(), d, node, why)
@@ -492,6 +506,7 @@ func (p *Passer) holdObjects(ctx context.Context, node string, it *item, check b
 			return fmt.Errorf("%s: resource %s: object %s of node %s is not held (%v); not written", it.key, it.objectOwner[d], d, node, err)
 		}
 		p.objects.remember(d, put.NUID)
+		it.reput = it.reput || wasHeld
 	}
 	return nil
 }
