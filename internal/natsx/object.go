@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
@@ -67,24 +69,101 @@ func GetObject(ctx context.Context, store jetstream.ObjectStore, name string, of
 		res.Close()
 		return nil, nil, fail(fmt.Errorf("offset %d is past the end of a %d-byte object", offset, info.Size))
 	}
+	r := newObjectReader(ctx, res, name)
 	if offset > 0 {
-		if _, err := io.CopyN(io.Discard, res, offset); err != nil {
-			res.Close()
+		if _, err := io.CopyN(io.Discard, r, offset); err != nil {
+			r.Close()
 			return nil, nil, fail(fmt.Errorf("skip to offset %d: %w", offset, err))
 		}
 	}
-	return objectReader{res}, info, nil
+	return r, info, nil
 }
 
-// objectReader maps the errors of reading an object.
-type objectReader struct{ jetstream.ObjectResult }
+// ErrObjectStalled is returned by a read of an object whose next chunk did
+// not come within objectIdle.
+var ErrObjectStalled = errors.New("no chunk of the object came in time (it was put again or deleted while read)")
 
-func (r objectReader) Read(p []byte) (int, error) {
-	n, err := r.ObjectResult.Read(p)
-	if err != nil && !errors.Is(err, io.EOF) {
-		err = MapError(err)
+// objectIdle bounds how long a read of an object waits for its next chunk.
+// nats.go's reader waits until the caller's deadline when the chunks it
+// subscribed to are gone — the object was put again (its old chunks
+// purged) or deleted between its lookup and its subscription — and the
+// caller with it: an engine's fetch, and with it every apply of its node.
+var objectIdle = 15 * time.Second
+
+// objectReader maps the errors of reading an object and ends a read that
+// stalls (see objectIdle) or whose context ends. nats.go's reader cannot be
+// interrupted (its Close waits for the Read it blocks), so a goroutine
+// reads it and hands the chunks over; a stalled one is left to end at the
+// caller's deadline, holding nothing but its subscription.
+type objectReader struct {
+	ctx    context.Context
+	name   string
+	chunks chan []byte
+	done   chan struct{}
+	once   sync.Once
+	// err is the reader's end, set before chunks is closed.
+	err  error
+	left []byte
+}
+
+func newObjectReader(ctx context.Context, res jetstream.ObjectResult, name string) *objectReader {
+	r := &objectReader{ctx: ctx, name: name, chunks: make(chan []byte), done: make(chan struct{})}
+	go r.pump(res)
+	return r
+}
+
+func (r *objectReader) pump(res jetstream.ObjectResult) {
+	defer res.Close()
+	defer close(r.chunks)
+	for {
+		buf := make([]byte, 64<<10)
+		n, err := res.Read(buf)
+		if n > 0 {
+			select {
+			case r.chunks <- buf[:n]:
+			case <-r.done:
+				return
+			}
+		}
+		if err != nil {
+			r.err = err
+			return
+		}
 	}
-	return n, err
+}
+
+func (r *objectReader) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if len(r.left) == 0 {
+		idle := time.NewTimer(objectIdle)
+		defer idle.Stop()
+		select {
+		case c, ok := <-r.chunks:
+			if !ok {
+				err := r.err
+				if !errors.Is(err, io.EOF) {
+					err = MapError(err)
+				}
+				return 0, err
+			}
+			r.left = c
+		case <-idle.C:
+			return 0, fmt.Errorf("object %s: %w: none for %s", r.name, ErrObjectStalled, objectIdle)
+		case <-r.ctx.Done():
+			return 0, r.ctx.Err()
+		}
+	}
+	n := copy(p, r.left)
+	r.left = r.left[n:]
+	return n, nil
+}
+
+// Close ends the read.
+func (r *objectReader) Close() error {
+	r.once.Do(func() { close(r.done) })
+	return nil
 }
 
 // storeName returns the bucket of an object store for span names and

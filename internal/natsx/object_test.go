@@ -2,13 +2,16 @@ package natsx
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"io"
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 )
 
@@ -188,5 +191,54 @@ func TestGetObjectRefuses(t *testing.T) {
 	defer r.Close()
 	if b, err := io.ReadAll(r); err != nil || len(b) != 0 {
 		t.Errorf("read at end: %q %v", b, err)
+	}
+}
+
+// TestGetObjectWhoseChunksWentAway: the chunks of an object are gone
+// between its lookup and its read (it was put again, its old chunks
+// purged): nats.go's reader waits until the caller's deadline; GetObject's
+// fails after objectIdle. Not parallel: it shortens objectIdle.
+func TestGetObjectWhoseChunksWentAway(t *testing.T) {
+	defer func(d time.Duration) { objectIdle = d }(objectIdle)
+	objectIdle = 300 * time.Millisecond
+	_, js := serverAndJS(t)
+	store, err := EnsureObjectStore(t.Context(), js, ObjectSpec{Bucket: "objects-gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("x"), 2*ObjectChunkSize)
+	info, err := PutObject(t.Context(), store, "sha256:gone", bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a put over it does to its chunks, without the new meta.
+	stream, err := js.Stream(t.Context(), "OBJ_objects-gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Purge(t.Context(), jetstream.WithPurgeSubject("$O.objects-gone.C."+info.NUID)); err != nil {
+		t.Fatal(err)
+	}
+	// A caller's deadline far off, as an engine's fetch has: nats.go's
+	// reader waits until it.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	r, _, err := GetObject(ctx, store, "sha256:gone", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, r)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrObjectStalled) {
+			t.Errorf("read of an object whose chunks are gone: %v, want ErrObjectStalled", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the read of an object whose chunks are gone still waits")
 	}
 }
