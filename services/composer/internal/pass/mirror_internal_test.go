@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"mesh.dev/internal/natsx"
 	"mesh.dev/internal/testutil"
 )
@@ -125,5 +127,31 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() (bool, stri
 			t.Fatalf("%s: not within %s: %s", what, d, why)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestOwnWrites: every write of the last minute counts as the composer's
+// own, however many a key had since; a revision it did not write, or a
+// delete it did not make, does not.
+func TestOwnWrites(t *testing.T) {
+	t.Parallel()
+	var o ownWrites
+	for rev := uint64(10); rev < 20; rev++ {
+		o.wrote("assignments", "a", rev, false)
+	}
+	put := func(rev uint64) *natsx.Entry { return &natsx.Entry{Key: "a", Revision: rev, Op: jetstream.KeyValuePut} }
+	if !o.own("assignments", put(10)) || !o.own("assignments", put(19)) {
+		t.Error("a write made ten writes ago is not counted as own")
+	}
+	if o.own("assignments", put(20)) || o.own("compositions", put(19)) {
+		t.Error("a revision never written counts as own")
+	}
+	del := &natsx.Entry{Key: "a", Op: jetstream.KeyValueDelete}
+	if o.own("assignments", del) {
+		t.Error("a delete never made counts as own")
+	}
+	o.wrote("assignments", "a", 0, true)
+	if !o.own("assignments", del) {
+		t.Error("a delete made does not count as own")
 	}
 }

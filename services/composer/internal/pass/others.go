@@ -42,9 +42,16 @@ type ownWrites struct {
 }
 
 type ownWrite struct {
-	revs    []uint64
+	// revs are the revisions written within ownKept, oldest first, and
+	// when.
+	revs    []ownRev
 	deleted bool
 	at      time.Time
+}
+
+type ownRev struct {
+	rev uint64
+	at  time.Time
 }
 
 func ownKey(bucket, key string) string { return bucket + "\x00" + key }
@@ -76,10 +83,12 @@ func (o *ownWrites) wrote(bucket, key string, rev uint64, deleted bool) {
 		w.deleted = true
 		return
 	}
-	w.revs = append(w.revs, rev)
-	if len(w.revs) > 4 {
-		w.revs = w.revs[len(w.revs)-4:]
+	// Every write of the last ownKept, however many: a node composed
+	// several times in a row writes its assignment as often.
+	for len(w.revs) > 0 && now.Sub(w.revs[0].at) > ownKept {
+		w.revs = w.revs[1:]
 	}
+	w.revs = append(w.revs, ownRev{rev: rev, at: now})
 }
 
 // own reports whether this composer made a write a watch delivered.
@@ -93,7 +102,7 @@ func (o *ownWrites) own(bucket string, e *natsx.Entry) bool {
 	if e.Op != jetstream.KeyValuePut {
 		return w.deleted
 	}
-	return slices.Contains(w.revs, e.Revision)
+	return slices.ContainsFunc(w.revs, func(r ownRev) bool { return r.rev == e.Revision })
 }
 
 // seenRevisions keeps the highest manifest revision seen in each node's
