@@ -71,6 +71,7 @@ type Recorder struct {
 type ackedManifest struct {
 	node     string
 	revision uint64
+	env      *typev1.Envelope
 }
 
 // engineTrack is what the checker knows of one engine's commits.
@@ -184,7 +185,7 @@ func (r *Recorder) recordWrite(bucket string, e jetstream.KeyValueEntry) {
 	case natsx.BucketAssignments:
 		a := &composerv1.Assignment{}
 		if proto.Unmarshal(e.Value(), a) == nil && a.GetManifest() != nil {
-			r.manifests[envelope.Digest(a.GetManifest())] = ackedManifest{node: a.GetNode(), revision: a.GetManifestRevision()}
+			r.manifests[envelope.Digest(a.GetManifest())] = ackedManifest{node: a.GetNode(), revision: a.GetManifestRevision(), env: a.GetManifest()}
 		}
 	case natsx.BucketCompositions:
 		env := &typev1.Envelope{}
@@ -390,7 +391,20 @@ func (r *Recorder) judge(tr *engineTrack, rec commitRecord) {
 		r.mu.Lock()
 		r.checked.compositions++
 		r.mu.Unlock()
-		if err := r.checkComposition(tr, module, env, rec.At, slack); err != nil {
+		err := r.checkComposition(tr, tr.manifest, module, env, rec.At, slack)
+		if err != nil && rec.Manifest == nil {
+			// A commit that keeps the applied manifest applies the modules
+			// of a newer one that came through (each module applies or
+			// fails on its own, DESIGN.md §7); that manifest is recorded
+			// applied once every module is. The composition is judged
+			// against the manifest it was applied under: one JetStream
+			// acknowledged for this node above the applied revision that
+			// passes every check itself.
+			if m := r.newerManifestNaming(tr, module, env, rec.At, slack); m != nil {
+				err = nil
+			}
+		}
+		if err != nil {
 			r.violate("engine %s applied composition %s of %s at %s: %v", node, digest, module, rec.At.Format(time.RFC3339Nano), err)
 			continue
 		}
@@ -435,18 +449,43 @@ func (r *Recorder) checkManifest(tr *engineTrack, env *typev1.Envelope, at time.
 	return m, nil
 }
 
-func (r *Recorder) checkComposition(tr *engineTrack, module string, env *typev1.Envelope, at time.Time, slack time.Duration) error {
-	if tr.manifest == nil {
+// newerManifestNaming returns a manifest of the engine's node that
+// JetStream acknowledged, above the revision the engine applied, that passes
+// every check of checkManifest at the commit's time and under which the
+// composition passes checkComposition; nil when there is none.
+func (r *Recorder) newerManifestNaming(tr *engineTrack, module string, env *typev1.Envelope, at time.Time, slack time.Duration) *typev1.Manifest {
+	r.mu.Lock()
+	var candidates []*typev1.Envelope
+	for _, m := range r.manifests {
+		if m.node == tr.e.Node && m.env != nil && (tr.manifest == nil || m.revision > tr.manifest.GetRevision()) {
+			candidates = append(candidates, m.env)
+		}
+	}
+	r.mu.Unlock()
+	for _, c := range candidates {
+		m, err := r.checkManifest(tr, c, at, slack)
+		if err != nil {
+			continue
+		}
+		if r.checkComposition(tr, m, module, env, at, slack) == nil {
+			return m
+		}
+	}
+	return nil
+}
+
+func (r *Recorder) checkComposition(tr *engineTrack, manifest *typev1.Manifest, module string, env *typev1.Envelope, at time.Time, slack time.Duration) error {
+	if manifest == nil {
 		return errors.New("no manifest applied")
 	}
 	var want *typev1.Want
-	for _, w := range tr.manifest.GetWants() {
+	for _, w := range manifest.GetWants() {
 		if w.GetModule() == module {
 			want = w
 		}
 	}
 	if want == nil {
-		return fmt.Errorf("the applied manifest r%d has no want of %s", tr.manifest.GetRevision(), module)
+		return fmt.Errorf("the applied manifest r%d has no want of %s", manifest.GetRevision(), module)
 	}
 	if d := envelope.Digest(env); d != want.GetCompositionDigest() {
 		return fmt.Errorf("its digest is not the manifest's %s", want.GetCompositionDigest())
