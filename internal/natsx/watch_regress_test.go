@@ -66,6 +66,24 @@ func putValue(t *testing.T, kv *KV, key, value string) uint64 {
 	}
 }
 
+// reachable waits until the bucket answers again after a restart.
+func reachable(t *testing.T, kv *KV) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := kv.LastSequence(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bucket %s unreachable: %v", kv.Bucket(), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // expect reads events from w until it has len(want) of them and compares.
 func expect(t *testing.T, w *Watcher, want ...event) {
 	t.Helper()
@@ -101,6 +119,7 @@ func TestWatchStartsOverWhenTheStreamWentBack(t *testing.T) {
 	putValue(t, kv, "a", "1")
 	putValue(t, kv, "b", "1")
 	r.snapshot()
+	reachable(t, kv)
 
 	w, err := kv.Watch(t.Context(), ">", ResyncMarker())
 	if err != nil {
@@ -133,6 +152,7 @@ func TestWatchThatCannotStartOverEnds(t *testing.T) {
 	kv := ensureKV(t, js, testSpec(1))
 	putValue(t, kv, "a", "1")
 	r.snapshot()
+	reachable(t, kv)
 	w, err := kv.Watch(t.Context(), ">", ResumeFromRevision(1))
 	if err != nil {
 		t.Fatal(err)
@@ -166,6 +186,7 @@ func TestRegressedAfterTheStreamGrewPast(t *testing.T) {
 	kv := ensureKV(t, js, testSpec(1))
 	putValue(t, kv, "a", "1")
 	r.snapshot()
+	reachable(t, kv)
 	w, err := kv.Watch(t.Context(), ">")
 	if err != nil {
 		t.Fatal(err)
@@ -184,6 +205,7 @@ func TestRegressedAfterTheStreamGrewPast(t *testing.T) {
 		t.Fatalf("before the rollback regressed = %v, %v", got, err)
 	}
 	r.rollback()
+	reachable(t, kv)
 	for _, k := range []string{"x", "y", "z"} {
 		putValue(t, kv, k, "new")
 	}

@@ -341,12 +341,14 @@ func TestTakenAgainAfterTheStoreWentBack(t *testing.T) {
 	first := a.tenure(t)
 	var snap string
 	e, snap = testutil.SnapshotJetStream(t, e)
+	reachable(t, kv)
 	_, old, _ := stored(t, kv)
 	waitFor(t, "a renewal after the snapshot", 2*ttl, func() (bool, string) {
 		_, cur, ok := stored(t, kv)
 		return ok && cur.Revision > old.Revision, "not renewed yet"
 	})
 	testutil.RollbackJetStream(t, e, snap)
+	reachable(t, kv)
 	select {
 	case <-first.Done():
 	case <-time.After(ttl):
@@ -364,4 +366,15 @@ func TestTakenAgainAfterTheStoreWentBack(t *testing.T) {
 	if !cur.Created.Before(old.Created.Add(ttl)) {
 		t.Errorf("taken again at %s, after the restored record expired (%s)", cur.Created, old.Created.Add(ttl))
 	}
+}
+
+// reachable waits until the bucket answers again after a restart.
+func reachable(t *testing.T, kv *natsx.KV) {
+	t.Helper()
+	waitFor(t, "the bucket reachable", 30*time.Second, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := kv.LastSequence(ctx)
+		return err == nil, fmt.Sprint(err)
+	})
 }
