@@ -90,9 +90,9 @@ func TestReplayedAssignmentAndComposition(t *testing.T) {
 // TestCorruptCompositionRewritten: bytes that do not decode are written
 // straight into the key of a wanted composition. A node reading it gets
 // DATA_LOSS saying so (not INTERNAL), and the composer writes the
-// composition again by CAS at that revision (DESIGN.md §5.2 step 2) and
-// signs the manifest again, so that an engine that refused it tries again
-// at once.
+// composition again by CAS at that revision (DESIGN.md §5.2 step 2); once
+// an engine reports it refused it, the composer signs the manifest again,
+// once, so that the engine tries again at once.
 func TestCorruptCompositionRewritten(t *testing.T) {
 	t.Parallel()
 	w := ct.New(t)
@@ -108,9 +108,43 @@ func TestCorruptCompositionRewritten(t *testing.T) {
 	if st, _ := status.FromError(err); st.Code() != codes.DataLoss || !strings.Contains(st.Message(), "does not decode") {
 		t.Errorf("GetComposition of a key holding bad bytes: %v; want DATA_LOSS saying it does not decode", err)
 	}
-	// Signed again, so an engine that refused it tries again at once.
-	repaired(t, w, "a", map[string]string{"motd": motd}, a.GetManifestRevision())
+	// Written again, the manifest as it was: no engine refused it yet.
+	repaired(t, w, "a", map[string]string{"motd": motd}, 0)
 	if _, err := node.GetComposition(context.Background(), &composerv1.GetCompositionRequest{Key: key}); err != nil {
 		t.Errorf("GetComposition after the repair: %v", err)
 	}
+	settled(t, w, c)
+	if got, _, _ := w.Assignment(t, "a"); got.GetManifestRevision() != a.GetManifestRevision() {
+		t.Errorf("the repair signed the manifest again (r%d → r%d) with no refusal reported", a.GetManifestRevision(), got.GetManifestRevision())
+	}
+
+	// An engine that read it before the repair reports its fetch failed:
+	// the manifest is signed again so that it tries again at once, and
+	// only once.
+	w.Put(t, natsx.BucketHaves, "a", failedHaves(a, "motd", composerv1.ReasonCode_REASON_CODE_FETCH_FAILED))
+	again := repaired(t, w, "a", map[string]string{"motd": motd}, a.GetManifestRevision())
+	w.Put(t, natsx.BucketHaves, "a", failedHaves(again, "motd", composerv1.ReasonCode_REASON_CODE_FETCH_FAILED))
+	settled(t, w, c)
+	if got, _, _ := w.Assignment(t, "a"); got.GetManifestRevision() != again.GetManifestRevision() {
+		t.Errorf("a refusal of the manifest signed after the repair signed it again (r%d → r%d)", again.GetManifestRevision(), got.GetManifestRevision())
+	}
+}
+
+// failedHaves is an engine's report that it applied a's manifest but for
+// module, whose attempt failed with code.
+func failedHaves(a *composerv1.Assignment, module string, code composerv1.ReasonCode) *composerv1.HaveRecord {
+	rec := &composerv1.HaveRecord{Node: a.GetNode(), ReportSeq: uint64(time.Now().UnixNano()),
+		Applied: &composerv1.ManifestRef{Revision: a.GetManifestRevision(), Digest: a.GetManifestDigest()}, HighWater: a.GetManifestRevision()}
+	for _, want := range a.GetWants() {
+		hv := &composerv1.Have{Module: want.GetModule(),
+			Applied: &composerv1.AppliedRef{Fingerprint: want.GetFingerprint(), Key: want.GetCompositionKey(), Digest: want.GetCompositionDigest()},
+			Attempt: &composerv1.Attempt{Fingerprint: want.GetFingerprint(), Key: want.GetCompositionKey(), Digest: want.GetCompositionDigest(),
+				State: composerv1.AttemptState_ATTEMPT_STATE_APPLIED}}
+		if want.GetModule() == module {
+			hv.Applied = nil
+			hv.Attempt.State, hv.Attempt.ReasonCode, hv.Attempt.Reason = composerv1.AttemptState_ATTEMPT_STATE_FAILED, code, "refused by a test"
+		}
+		rec.Haves = append(rec.Haves, hv)
+	}
+	return rec
 }

@@ -81,8 +81,10 @@ type Passer struct {
 	// manifest revision seen of each node (see others.go).
 	own  ownWrites
 	seen seenRevisions
-	// objects are the object versions found to hash to their names.
+	// objects are the object versions found to hash to their names;
+	// repairs when each composition key was last repaired.
 	objects objectChecks
+	repairs repairTimes
 }
 
 // hooks let tests act between the steps of a pass (export_test.go sets
@@ -223,10 +225,6 @@ type nodeState struct {
 	// mirror says whether the composition mirror was current when the
 	// pass began comparing: 0 not asked yet, 1 yes, 2 no.
 	mirror int
-	// repaired are the keys of compositions the held manifest names that
-	// this pass wrote again at the very digest named, or whose objects it
-	// put again: the manifest is then signed again (see needsCommit).
-	repaired []string
 }
 
 // wanted reports whether the held assignment wants a composition key at a
@@ -331,6 +329,16 @@ func (p *Passer) recoverWants(ctx context.Context, st *nodeState) error {
 		}
 		st.recovered[m] = &typev1.Want{Module: m, Fingerprint: ref.GetFingerprint(), Parts: sortedParts(build.parts),
 			CompositionKey: ref.GetKey(), CompositionDigest: ref.GetDigest()}
+	}
+	return nil
+}
+
+// wantOfKey returns the want naming a composition key, nil when none.
+func wantOfKey(a *composerv1.Assignment, key string) *typev1.Want {
+	for _, w := range a.GetWants() {
+		if w.GetCompositionKey() == key {
+			return w
+		}
 	}
 	return nil
 }
@@ -710,15 +718,15 @@ func (p *Passer) needsCommit(st *nodeState, wants []*typev1.Want, holds []*compo
 	if !holdsEqual(a.GetHolds(), holds) || !slices.Equal(a.GetMoved(), moved) {
 		changes = true
 	}
-	if len(st.repaired) > 0 {
-		return changes, true
-	}
 	m := &typev1.Manifest{}
 	if err := envelope.Open(a.GetManifest(), typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m); err != nil {
 		return changes, true
 	}
 	now := p.cfg.Now()
 	if !now.Before(renewAt(st.spec.GetNode(), m)) {
+		return changes, true
+	}
+	if p.refusedRepaired(st, m) {
 		return changes, true
 	}
 	if ring := p.cfg.Trust.Keyring(); ring != nil && m.GetKeysetVersion() < ring.Version() {
@@ -752,6 +760,27 @@ func (p *Passer) needsCommit(st *nodeState, wants []*typev1.Want, holds []*compo
 		}
 	}
 	return changes, false
+}
+
+// refusedRepaired reports whether the engine reports a FAILED attempt at a
+// composition the held manifest names that this composer repaired (wrote
+// again at the digest named, or put an object of again) after the manifest
+// was issued. The wants do not change, so no new manifest would go out, and
+// the engine would try again only at its next drift pass: the manifest is
+// signed again so it tries now. Once it is, the repair is older than the
+// manifest and the report is answered.
+func (p *Passer) refusedRepaired(st *nodeState, m *typev1.Manifest) bool {
+	issued := m.GetIssuedAt().AsTime()
+	for _, hv := range st.haves.GetHaves() {
+		a := hv.GetAttempt()
+		if a.GetState() != composerv1.AttemptState_ATTEMPT_STATE_FAILED || wantOfKey(st.assignment, a.GetKey()) == nil {
+			continue
+		}
+		if at, ok := p.repairs.last(a.GetKey()); ok && at.After(issued) {
+			return true
+		}
+	}
+	return false
 }
 
 func wantsEqual(a, b []*typev1.Want) bool {

@@ -301,7 +301,7 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 				if err := p.holdObjects(ctx, node, it, true); err != nil {
 					failed(it, err)
 				} else if it.reput && st.wanted(it.key, it.digest) {
-					st.repaired = append(st.repaired, it.key)
+					p.repairs.note(it.key, p.cfg.Now())
 				}
 			}
 			continue
@@ -375,10 +375,8 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 		if (it.written != 0 || it.reput) && st.wanted(it.key, it.digest) {
 			// What the held manifest names was missing or other bytes (a
 			// store that went back, a replay, a corruption) and is right
-			// again: the manifest is signed again so the engine, which may
-			// have refused it, tries again now rather than at its next
-			// drift pass.
-			st.repaired = append(st.repaired, it.key)
+			// again (see needsCommit).
+			p.repairs.note(it.key, p.cfg.Now())
 		}
 		jc.judge(ctx, it)
 		wrote, err := p.writeRecord(ctx, it, jc)

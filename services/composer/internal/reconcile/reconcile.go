@@ -316,8 +316,11 @@ func (r *Reconciler) watchApprovals(ctx context.Context) error {
 // needsPass reports whether a new haves record calls for a pass (DESIGN.md
 // §6 step 4): an applied digest changed, or an attempt failed for a digest or
 // signature reason (an object longer than its declared size is one: its
-// bytes are not those of its digest) or a revision conflict. Other attempt
-// changes only change the node's status.
+// bytes are not those of its digest), a revision conflict, or a fetch (what
+// it fetched may have been found corrupt and repaired meanwhile: the pass
+// then signs the manifest again so the engine tries again at once; else it
+// finds nothing to do). Other attempt changes only change the node's
+// status.
 func needsPass(old, next *composerv1.HaveRecord) bool {
 	applied := map[string]string{}
 	for _, h := range old.GetHaves() {
@@ -332,7 +335,7 @@ func needsPass(old, next *composerv1.HaveRecord) bool {
 			switch h.GetAttempt().GetReasonCode() {
 			case composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH, composerv1.ReasonCode_REASON_CODE_SIGNATURE_INVALID,
 				composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT, composerv1.ReasonCode_REASON_CODE_WANT_MISMATCH,
-				composerv1.ReasonCode_REASON_CODE_SIZE_EXCEEDED:
+				composerv1.ReasonCode_REASON_CODE_SIZE_EXCEEDED, composerv1.ReasonCode_REASON_CODE_FETCH_FAILED:
 				return true
 			}
 		}
