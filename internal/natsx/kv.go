@@ -236,7 +236,9 @@ func (k *KV) last(ctx context.Context, key string) (Entry, error) {
 	if !keyValid(key) {
 		return Entry{}, fmt.Errorf("%w: %q", jetstream.ErrInvalidKey, key)
 	}
-	m, err := k.stream.GetLastMsgForSubject(ctx, k.prefix+key)
+	m, err := Request(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+		return k.stream.GetLastMsgForSubject(ctx, k.prefix+key)
+	})
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return Entry{}, jetstream.ErrKeyNotFound
@@ -325,7 +327,7 @@ func (k *KV) publish(ctx context.Context, key string, value []byte, expect *uint
 		m.Header.Set(kvOperationHeader, kvOperationPurge)
 		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
 	}
-	ack, err := k.js.PublishMsg(ctx, m)
+	ack, err := Request(ctx, func(ctx context.Context) (*jetstream.PubAck, error) { return k.js.PublishMsg(ctx, m) })
 	if err != nil {
 		return 0, err
 	}
@@ -518,7 +520,7 @@ func (k *KV) list(ctx context.Context, spanName, op string, filters []string) ([
 func (k *KV) Status(ctx context.Context) (jetstream.KeyValueStatus, error) {
 	ctx, span := k.tracer.Start(ctx, "kv.status "+k.bucket, spanKind, bucketAttr(k.bucket))
 	defer span.End()
-	st, err := k.kv.Status(ctx)
+	st, err := Request(ctx, k.kv.Status)
 	if err != nil {
 		return nil, endSpan(span, fmt.Errorf("kv %s: status: %w", k.bucket, MapError(err)))
 	}

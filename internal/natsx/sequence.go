@@ -3,6 +3,8 @@ package natsx
 import (
 	"context"
 	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // LastSequence returns the bucket stream's last sequence: the revision of
@@ -10,7 +12,7 @@ import (
 func (k *KV) LastSequence(ctx context.Context) (uint64, error) {
 	ctx, span := k.tracer.Start(ctx, "kv.last_sequence "+k.bucket, spanKind, bucketAttr(k.bucket))
 	defer span.End()
-	info, err := k.stream.Info(ctx)
+	info, err := Request(ctx, func(ctx context.Context) (*jetstream.StreamInfo, error) { return k.stream.Info(ctx) })
 	if err != nil {
 		return 0, endSpan(span, fmt.Errorf("kv %s: stream info: %w", k.bucket, MapError(err)))
 	}
