@@ -124,7 +124,9 @@ func endSpan(span trace.Span, err error) {
 func (s *Store) CompositionKeys(ctx context.Context, node string) (_ []string, err error) {
 	ctx, span := s.span(ctx, "kv.list_subjects", node+".*.*")
 	defer func() { endSpan(span, err) }()
-	info, err := s.compositions.Info(ctx, jetstream.WithSubjectFilter(compositionsPrefix+node+".*.*"))
+	info, err := natsx.Request(ctx, func(ctx context.Context) (*jetstream.StreamInfo, error) {
+		return s.compositions.Info(ctx, jetstream.WithSubjectFilter(compositionsPrefix+node+".*.*"))
+	})
 	if err != nil {
 		return nil, fmt.Errorf("kv %s: list subjects %s.*.*: %w", natsx.BucketCompositions, node, natsx.MapError(err))
 	}
@@ -141,7 +143,9 @@ func (s *Store) CompositionKeys(ctx context.Context, node string) (_ []string, e
 func (s *Store) CompositionMeta(ctx context.Context, key string) (_ natsx.Entry, err error) {
 	ctx, span := s.span(ctx, "kv.meta", key)
 	defer func() { endSpan(span, err) }()
-	m, err := s.compositions.GetLastMsgForSubject(ctx, compositionsPrefix+key)
+	m, err := natsx.Request(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+		return s.compositions.GetLastMsgForSubject(ctx, compositionsPrefix+key)
+	})
 	if err != nil {
 		return natsx.Entry{}, fmt.Errorf("kv %s: meta %s: %w", natsx.BucketCompositions, key, natsx.MapError(err))
 	}
@@ -161,7 +165,9 @@ func (s *Store) CompositionMeta(ctx context.Context, key string) (_ natsx.Entry,
 func (s *Store) PurgeMarker(ctx context.Context, key string, rev uint64) (err error) {
 	ctx, span := s.span(ctx, "kv.purge_marker", key)
 	defer func() { endSpan(span, err) }()
-	m, err := s.compositions.GetLastMsgForSubject(ctx, compositionsPrefix+key)
+	m, err := natsx.Request(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+		return s.compositions.GetLastMsgForSubject(ctx, compositionsPrefix+key)
+	})
 	if err != nil {
 		return natsx.MapError(err)
 	}
@@ -170,7 +176,10 @@ func (s *Store) PurgeMarker(ctx context.Context, key string, rev uint64) (err er
 	}
 	// The purge keeps nothing of the subject up to and including the
 	// marker; a value written meanwhile has a higher sequence and stays.
-	return s.compositions.Purge(ctx, jetstream.WithPurgeSubject(compositionsPrefix+key), jetstream.WithPurgeSequence(rev+1))
+	_, err = natsx.Request(ctx, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, s.compositions.Purge(ctx, jetstream.WithPurgeSubject(compositionsPrefix+key), jetstream.WithPurgeSequence(rev+1))
+	})
+	return err
 }
 
 // AssignmentHistory returns the kept revisions of a node's assignment
@@ -180,7 +189,9 @@ func (s *Store) AssignmentHistory(ctx context.Context, node string) (_ []*compos
 	ctx, span := s.tracer.Start(ctx, "kv.history "+natsx.BucketAssignments, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("kv.bucket", natsx.BucketAssignments), attribute.String("kv.key", node)))
 	defer func() { endSpan(span, err) }()
-	entries, err := s.Assignments.KeyValue().History(ctx, node)
+	entries, err := natsx.Request(ctx, func(ctx context.Context) ([]jetstream.KeyValueEntry, error) {
+		return s.Assignments.KeyValue().History(ctx, node)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("kv %s: history %s: %w", natsx.BucketAssignments, node, natsx.MapError(err))
 	}
