@@ -149,6 +149,9 @@ type Options struct {
 	OnCommit func(Committed)
 	// EntryBackoffBase and SyncBackoffBase shorten retries in tests.
 	EntryBackoffBase, SyncBackoffBase, SyncBackoffMax time.Duration
+	// CompositionDeadline and FetchStall shorten the bounds of fetches in
+	// tests (engine.DefaultCompositionDeadline, engine.DefaultFetchStall).
+	CompositionDeadline, FetchStall time.Duration
 	// Ready is called with the admin API's address once it listens.
 	Ready func(net.Addr)
 	// ServerOptions are passed to the admin API's gRPC server after its
@@ -291,6 +294,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Engine, err error) {
 		Node: a.Node, Roots: trustRoots, Store: store, Applier: applier, Composer: composer, Catalog: catalog,
 		EngineVersion: Version, Now: opts.Now, Logger: log, Tracer: opts.TracerProvider,
 		EntryBackoffBase: opts.EntryBackoffBase, DriftInterval: time.Duration(cfg.DriftInterval),
+		CompositionDeadline: opts.CompositionDeadline, FetchStall: opts.FetchStall,
 	})
 	if err != nil {
 		applier.Close()

@@ -56,10 +56,30 @@ type fakeComposer struct {
 	streams  map[chan *composerv1.SyncResponse]bool
 	// refuse, when set, ends every Sync at once with this error.
 	refuse error
+	// faults make the calls for a composition key or an object digest
+	// fail, until the test deletes the fault (see meet).
+	faults map[string]error
+}
+
+// errHang, as a fault, makes a call hang without answering until its caller
+// gives up: a server whose own read lost its reply.
+var errHang = errors.New("hang")
+
+// meet plays the fault of key, if any: every call fails with it, or hangs.
+func meet(ctx context.Context, mu *sync.Mutex, faults map[string]error, key string) error {
+	mu.Lock()
+	err := faults[key]
+	mu.Unlock()
+	if err != errHang {
+		return err
+	}
+	<-ctx.Done()
+	return status.FromContextError(ctx.Err()).Err()
 }
 
 func newFakeComposer() *fakeComposer {
-	return &fakeComposer{comps: map[string]*typev1.Envelope{}, objects: map[string][]byte{}, streams: map[chan *composerv1.SyncResponse]bool{}}
+	return &fakeComposer{comps: map[string]*typev1.Envelope{}, objects: map[string][]byte{}, streams: map[chan *composerv1.SyncResponse]bool{},
+		faults: map[string]error{}}
 }
 
 func (f *fakeComposer) Sync(st grpc.BidiStreamingServer[composerv1.SyncRequest, composerv1.SyncResponse]) error {
@@ -158,6 +178,9 @@ func (f *fakeComposer) GetComposition(ctx context.Context, req *composerv1.GetCo
 	if err := authz.CheckSelf(ctx, k.Node); err != nil {
 		return nil, err
 	}
+	if err := meet(ctx, &f.mu, f.faults, req.GetKey()); err != nil {
+		return nil, err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	env, ok := f.comps[req.GetKey()]
@@ -168,6 +191,9 @@ func (f *fakeComposer) GetComposition(ctx context.Context, req *composerv1.GetCo
 }
 
 func (f *fakeComposer) GetObject(req *composerv1.GetObjectRequest, st grpc.ServerStreamingServer[composerv1.GetObjectResponse]) error {
+	if err := meet(st.Context(), &f.mu, f.faults, req.GetDigest()); err != nil {
+		return err
+	}
 	f.mu.Lock()
 	b, ok := f.objects[req.GetDigest()]
 	f.mu.Unlock()
@@ -200,10 +226,13 @@ type fakeCatalog struct {
 	downloads map[string]int
 	// fail, when set, answers every GetEntry with it.
 	fail error
+	// faults make the downloads of an artifact digest fail (see meet).
+	faults map[string]error
 }
 
 func newFakeCatalog() *fakeCatalog {
-	return &fakeCatalog{entries: map[string]*catalogv1.Entry{}, artifacts: map[string][]byte{}, asked: map[string]int{}, downloads: map[string]int{}}
+	return &fakeCatalog{entries: map[string]*catalogv1.Entry{}, artifacts: map[string][]byte{}, asked: map[string]int{}, downloads: map[string]int{},
+		faults: map[string]error{}}
 }
 
 func (c *fakeCatalog) GetEntry(_ context.Context, req *catalogv1.GetEntryRequest) (*catalogv1.GetEntryResponse, error) {
@@ -227,6 +256,9 @@ func (c *fakeCatalog) timesAsked(fp string) int {
 }
 
 func (c *fakeCatalog) DownloadArtifact(req *catalogv1.DownloadArtifactRequest, st grpc.ServerStreamingServer[catalogv1.DownloadArtifactResponse]) error {
+	if err := meet(st.Context(), &c.mu, c.faults, req.GetDigest()); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	c.downloads[req.GetDigest()]++
 	b, ok := c.artifacts[req.GetDigest()]
@@ -298,6 +330,8 @@ type running struct {
 
 type options struct {
 	wrap func(state.Store) state.Store
+	// compositionDeadline and fetchStall shorten the engine's bounds.
+	compositionDeadline, fetchStall time.Duration
 }
 
 func (w *world) start(t testing.TB, o ...options) *running {
@@ -312,6 +346,7 @@ func (w *world) start(t testing.TB, o ...options) *running {
 	}
 	for _, x := range o {
 		opts.WrapStore = x.wrap
+		opts.CompositionDeadline, opts.FetchStall = x.compositionDeadline, x.fetchStall
 	}
 	eng, err := app.New(context.Background(), w.cfg, opts)
 	if err != nil {

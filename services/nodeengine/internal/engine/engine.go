@@ -41,6 +41,15 @@ import (
 const (
 	DefaultFetchDeadline = 5 * time.Minute
 	DefaultDriftInterval = time.Minute
+	// DefaultCompositionDeadline bounds a composition's fetch: one unary
+	// call of at most 256 KiB, which a composer answers from one read.
+	DefaultCompositionDeadline = 30 * time.Second
+	// DefaultFetchStall cuts an object or artifact stream that has sent
+	// nothing for that long, well before its FetchDeadline.
+	DefaultFetchStall = 30 * time.Second
+	// DefaultFetchRetryBase is the first delay before a pass in which a
+	// fetch failed runs again; it doubles up to the drift interval.
+	DefaultFetchRetryBase = time.Second
 	// MaxOffers bounds the manifests waiting for a pass; older ones go.
 	MaxOffers = 8
 )
@@ -63,8 +72,14 @@ type Config struct {
 	Tracer        trace.TracerProvider
 	// EntryDeadline bounds each GetEntry; EntryBackoffBase/Max its retries.
 	EntryDeadline, EntryBackoffBase, EntryBackoffMax time.Duration
-	// FetchDeadline bounds each composition, object or artifact fetch.
-	FetchDeadline time.Duration
+	// FetchDeadline bounds each object or artifact fetch, FetchStall the
+	// time one may go without data, CompositionDeadline each composition
+	// fetch. A pass waits for its fetches, so each bound is also how long
+	// a composer or catalog that never answers holds every later manifest.
+	FetchDeadline, FetchStall, CompositionDeadline time.Duration
+	// FetchRetryBase is the first delay before a pass in which a fetch
+	// failed runs again (doubling, jittered, up to DriftInterval).
+	FetchRetryBase time.Duration
 	// DriftInterval is how often a pass runs with nothing asking for one,
 	// to find and correct drift and judge expiry.
 	DriftInterval time.Duration
@@ -197,13 +212,22 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if cfg.FetchDeadline <= 0 {
 		cfg.FetchDeadline = DefaultFetchDeadline
 	}
+	if cfg.FetchStall <= 0 {
+		cfg.FetchStall = DefaultFetchStall
+	}
+	if cfg.CompositionDeadline <= 0 {
+		cfg.CompositionDeadline = DefaultCompositionDeadline
+	}
+	if cfg.FetchRetryBase <= 0 {
+		cfg.FetchRetryBase = DefaultFetchRetryBase
+	}
 	if cfg.DriftInterval <= 0 {
 		cfg.DriftInterval = DefaultDriftInterval
 	}
 	e := &Engine{
 		cfg: cfg, log: cfg.Logger.With(slog.String("node", cfg.Node)),
 		tracer: cfg.Tracer.Tracer("mesh.dev/services/nodeengine"),
-		src:    &source{composer: cfg.Composer, catalog: cfg.Catalog, deadline: cfg.FetchDeadline},
+		src:    &source{composer: cfg.Composer, catalog: cfg.Catalog, deadline: cfg.FetchDeadline, stall: cfg.FetchStall},
 		poke:   make(chan struct{}, 1), changed: make(chan struct{}),
 		dirtyEntries: map[string]entries.Row{}, dirtyWants: map[string]bool{}, said: map[string]bool{},
 		compCache: map[string]*verified{}, attempts: map[string]*composerv1.Attempt{}, notes: map[string][]string{},
@@ -337,10 +361,17 @@ func (e *Engine) Poke() {
 }
 
 // Run runs passes until ctx is done: one at once, then whenever asked and
-// at least every DriftInterval.
+// at least every DriftInterval; after a pass in which a fetch failed, again
+// after a jittered backoff from FetchRetryBase up to DriftInterval, so a
+// composer or catalog that failed once is not waited for until the next
+// drift pass.
 func (e *Engine) Run(ctx context.Context) error {
 	t := time.NewTicker(e.cfg.DriftInterval)
 	defer t.Stop()
+	retry := time.NewTimer(e.cfg.DriftInterval)
+	retry.Stop()
+	defer retry.Stop()
+	failed := 0
 	e.Poke()
 	for {
 		select {
@@ -348,9 +379,37 @@ func (e *Engine) Run(ctx context.Context) error {
 			return nil
 		case <-e.poke:
 		case <-t.C:
+		case <-retry.C:
 		}
 		e.Pass(ctx)
+		fetches := e.failedFetches()
+		if len(fetches) == 0 {
+			failed = 0
+			retry.Stop()
+			continue
+		}
+		d := entries.Backoff(failed, e.cfg.FetchRetryBase, e.cfg.DriftInterval)
+		failed++
+		retry.Reset(d)
+		e.log.Warn("fetching for the apply failed; the pass runs again", slog.Duration("retry_in", d), slog.Any("failed", fetches))
 	}
+}
+
+// failedFetches returns, by module, why the last pass could not fetch what
+// a module's want names (its composition, an object or an artifact).
+func (e *Engine) failedFetches() map[string]string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out map[string]string
+	for m, a := range e.attempts {
+		if a.GetState() == composerv1.AttemptState_ATTEMPT_STATE_FAILED && a.GetReasonCode() == composerv1.ReasonCode_REASON_CODE_FETCH_FAILED {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[m] = a.GetReason()
+		}
+	}
+	return out
 }
 
 // OfferKeyset hands the engine a keyset received on the Sync stream.

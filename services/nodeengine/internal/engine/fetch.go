@@ -36,6 +36,8 @@ type source struct {
 	composer Composer
 	catalog  Catalog
 	deadline time.Duration
+	// stall cuts a stream that sends nothing for that long.
+	stall time.Duration
 }
 
 var _ apply.Source = (*source)(nil)
@@ -70,10 +72,25 @@ func copyStream[T chunk](recv func() (T, error), declared int64, w io.Writer) er
 	}
 }
 
-// Fetch streams an object or artifact into w.
+// errStalled is the cause of a fetch cut for sending nothing.
+var errStalled = errors.New("stalled")
+
+// Fetch streams an object or artifact into w, within the fetch deadline and
+// cutting a stream that sends nothing for the stall time (a server whose own
+// read lost its reply would otherwise hold the pass to the deadline).
 func (s *source) Fetch(ctx context.Context, c *apply.Composition, r *typev1.Resource, digest string, size int64, w io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, s.deadline)
 	defer cancel()
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	idle := time.AfterFunc(s.stall, func() { stop(errStalled) })
+	defer idle.Stop()
+	stalled := func(err error) error {
+		if err != nil && errors.Is(context.Cause(ctx), errStalled) {
+			return fmt.Errorf("nothing received for %s: %w", s.stall, err)
+		}
+		return err
+	}
 	switch x := r.GetContent().(type) {
 	case *typev1.Resource_Object:
 		if s.composer == nil {
@@ -81,18 +98,29 @@ func (s *source) Fetch(ctx context.Context, c *apply.Composition, r *typev1.Reso
 		}
 		st, err := s.composer.GetObject(ctx, &composerv1.GetObjectRequest{CompositionKey: c.Key, Digest: x.Object.GetDigest()})
 		if err != nil {
-			return err
+			return stalled(err)
 		}
-		return copyStream(st.Recv, size, w)
+		return stalled(copyStream(recvResetting(st.Recv, idle, s.stall), size, w))
 	case *typev1.Resource_Artifact:
 		if s.catalog == nil {
 			return errors.New("no catalog connection")
 		}
 		st, err := s.catalog.DownloadArtifact(ctx, &catalogv1.DownloadArtifactRequest{Digest: digest})
 		if err != nil {
-			return fmt.Errorf("%s: %w", picture.ArtifactURL(c.Module, x.Artifact, digest), err)
+			return fmt.Errorf("%s: %w", picture.ArtifactURL(c.Module, x.Artifact, digest), stalled(err))
 		}
-		return copyStream(st.Recv, size, w)
+		return stalled(copyStream(recvResetting(st.Recv, idle, s.stall), size, w))
 	}
 	return fmt.Errorf("%s has no fetchable content", r.GetId())
+}
+
+// recvResetting restarts the stall timer at each message received.
+func recvResetting[T any](recv func() (T, error), idle *time.Timer, stall time.Duration) func() (T, error) {
+	return func() (T, error) {
+		m, err := recv()
+		if err == nil {
+			idle.Reset(stall)
+		}
+		return m, err
+	}
 }

@@ -454,7 +454,7 @@ func (e *Engine) composition(ctx context.Context, w *typev1.Want, ring *verify.K
 	if e.cfg.Composer == nil {
 		return nil, &apply.Failure{Code: composerv1.ReasonCode_REASON_CODE_FETCH_FAILED, Reason: "no composer connection"}
 	}
-	fctx, cancel := context.WithTimeout(ctx, e.cfg.FetchDeadline)
+	fctx, cancel := context.WithTimeout(ctx, e.cfg.CompositionDeadline)
 	resp, err := e.cfg.Composer.GetComposition(fctx, &composerv1.GetCompositionRequest{Key: w.GetCompositionKey()})
 	cancel()
 	if err != nil {
