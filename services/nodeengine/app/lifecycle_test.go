@@ -172,8 +172,14 @@ func TestRevisionsNeverGoBack(t *testing.T) {
 		return rep.GetHighWater() == 5 && haveAttemptCode(rep.GetHaves(), names.NodeModule) == composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT, rep.String()
 	})
 	w.publish(manifestOpts{revision: 5}, nodeComp(file("node", "a", "/etc/app/a", "other five")))
-	a = r.waitAttempt(t, names.NodeModule, stateFailed, composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT)
-	if !strings.HasPrefix(a.GetReason(), "manifest revision 5 (") || !strings.Contains(a.GetReason(), ") refused: the high-water mark is revision 5 (") {
+	// The attempt before says the same state and code, of revision 4:
+	// wait for the one of this manifest.
+	eventually(t, "revision 5 of another digest refused", func() (bool, string) {
+		a = haveOf(r.status(t), names.NodeModule).GetAttempt()
+		return a.GetState() == stateFailed && a.GetReasonCode() == composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT &&
+			strings.HasPrefix(a.GetReason(), "manifest revision 5 ("), a.String()
+	})
+	if !strings.Contains(a.GetReason(), ") refused: the high-water mark is revision 5 (") {
 		t.Errorf("reason %q", a.GetReason())
 	}
 	r.eng.Engine.Pass(t.Context())
