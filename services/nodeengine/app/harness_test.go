@@ -228,6 +228,9 @@ type fakeCatalog struct {
 	fail error
 	// faults make the downloads of an artifact digest fail (see meet).
 	faults map[string]error
+	// gate, when set, holds every GetEntry until it is closed (a catalog
+	// slow to start) or the ask's deadline.
+	gate chan struct{}
 }
 
 func newFakeCatalog() *fakeCatalog {
@@ -235,10 +238,20 @@ func newFakeCatalog() *fakeCatalog {
 		faults: map[string]error{}}
 }
 
-func (c *fakeCatalog) GetEntry(_ context.Context, req *catalogv1.GetEntryRequest) (*catalogv1.GetEntryResponse, error) {
+func (c *fakeCatalog) GetEntry(ctx context.Context, req *catalogv1.GetEntryRequest) (*catalogv1.GetEntryResponse, error) {
+	c.mu.Lock()
+	c.asked[req.GetFingerprint()]++
+	gate := c.gate
+	c.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.asked[req.GetFingerprint()]++
 	if c.fail != nil {
 		return nil, c.fail
 	}
