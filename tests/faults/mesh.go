@@ -442,23 +442,30 @@ jetstream {
 
 // Start starts nats-server and waits until JetStream answers.
 func (s *NATSServer) Start() {
-	t := s.t
+	must(s.t, s.start())
+}
+
+// start is Start for a goroutine other than the test's: it returns why
+// nats-server did not start instead of failing the test.
+func (s *NATSServer) start() error {
 	p, err := procmesh.StartProc("nats-server", s.logPath, "", nil, s.bin, "-c", s.conf)
-	must(t, err)
+	if err != nil {
+		return err
+	}
 	s.proc = p
 	deadline := time.Now().Add(startTimeout)
 	for {
 		if err, ended := p.Exited(); ended {
-			t.Fatalf("nats-server ended while starting: %v\n%s", err, p.Output(8<<10))
+			return fmt.Errorf("nats-server ended while starting: %v\n%s", err, p.Output(8<<10))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_, err := procmesh.HTTPGet(ctx, "http://"+s.Monitor+"/healthz?js-enabled-only=true")
 		cancel()
 		if err == nil {
-			return
+			return nil
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("nats-server not ready within %s: %v", startTimeout, err)
+			return fmt.Errorf("nats-server not ready within %s: %v", startTimeout, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -226,7 +226,10 @@ func TestNATSRestartedDuringBulkCompose(t *testing.T) {
 	for _, how := range []string{"graceful", "kill -9"} {
 		t.Run(strings.ReplaceAll(how, " ", ""), func(t *testing.T) {
 			scenario(t, Options{Nodes: []string{"ace", "bay", "cod", "dab", "eel", "fin"}}, func(r *run, i int) {
-				restarted := make(chan struct{})
+				// nats-server comes back as soon as it is gone, as a
+				// supervisor restarts it: the publishes below may be
+				// what it went down in the middle of, and wait for it.
+				restarted := make(chan error, 1)
 				cancel := r.onWrites(natsx.BucketCompositions, 1+r.rng.IntN(12), func() {
 					go func() {
 						if how == "graceful" {
@@ -234,7 +237,7 @@ func TestNATSRestartedDuringBulkCompose(t *testing.T) {
 						} else {
 							r.m.NATS.Kill()
 						}
-						close(restarted)
+						restarted <- r.m.NATS.start()
 					}()
 				})
 				defer cancel()
@@ -242,11 +245,11 @@ func TestNATSRestartedDuringBulkCompose(t *testing.T) {
 				r.expect["sshd"] = r.m.publish("sshd", changedCopy(t, "sshd", "files/sshd_config", fmt.Sprintf("# %s %d\n", t.Name(), i)))
 				r.expect["ca-bundle"] = r.m.publish("ca-bundle", changedCopy(t, "ca-bundle", "files/ca-bundle.pem", fmt.Sprintf("# %s %d\n", t.Name(), i)))
 				select {
-				case <-restarted:
+				case err := <-restarted:
+					must(r.t, err)
 				case <-time.After(time.Minute):
 					r.t.Fatal("the composer wrote nothing to restart nats-server in the middle of")
 				}
-				r.m.NATS.Start()
 				r.m.Rec.Rewatch()
 				r.healed("nats-server back (" + how + ")")
 			})
