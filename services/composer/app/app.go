@@ -344,6 +344,9 @@ func (c *Composer) Close() {
 	c.closers = nil
 }
 
+// keysetPoll is how often the lease holder asks the signer for its keyset.
+const keysetPoll = 10 * time.Second
+
 // lead is the lease tenure: refresh the keyset from the signer, then run
 // passes until the lease is lost.
 func (c *Composer) lead(ctx context.Context) {
@@ -370,16 +373,21 @@ func (c *Composer) lead(ctx context.Context) {
 		}
 	}
 	go func() {
-		t := time.NewTicker(30 * time.Second)
+		// The signer reloads its keyset file, so a new one (a rotation's
+		// second step, a revocation) is polled for; a pass that finds the
+		// signer signing with a key or keyset not held yet wakes this at
+		// once.
+		t := time.NewTicker(keysetPoll)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if err := c.Trust.Refresh(ctx); err != nil {
-					c.log.Warn("keyset refresh", "error", err)
-				}
+			case <-c.Trust.Refreshes():
+			}
+			if err := c.Trust.Refresh(ctx); err != nil {
+				c.log.Warn("keyset refresh", "error", err)
 			}
 		}
 	}()

@@ -54,6 +54,9 @@ type Signer interface {
 type Trust interface {
 	Keyring() *verify.Keyring
 	SigningKeyID() string
+	// Stale says the signer is ahead of the keyset held (a signature by
+	// a key it does not list, a manifest of a newer keyset version).
+	Stale()
 }
 
 // Lease tells whether this composer may still write, with at least margin

@@ -811,6 +811,9 @@ func (p *Passer) commit(ctx context.Context, st *nodeState, wants []*typev1.Want
 			return nil, fmt.Errorf("%s: sign manifest: %w", node, err)
 		}
 		sm := signed[0]
+		if p.signerAhead(sm.GetItem().GetEnvelope()) {
+			p.cfg.Trust.Stale()
+		}
 		a.Manifest, a.ManifestDigest, a.ManifestRevision, a.ManifestExpiresAt = sm.GetItem().GetEnvelope(), sm.GetItem().GetDigest(), sm.GetRevision(), sm.GetExpiresAt()
 	} else {
 		a.Manifest, a.ManifestDigest, a.ManifestRevision, a.ManifestExpiresAt = st.assignment.GetManifest(), st.assignment.GetManifestDigest(), st.assignment.GetManifestRevision(), st.assignment.GetManifestExpiresAt()
@@ -904,4 +907,25 @@ func (p *Passer) Declaration(ctx context.Context, spec *composerv1.NodeSpec) (*c
 		return nil, err
 	}
 	return compose.Declare(spec, modules)
+}
+
+// signerAhead reports whether a manifest the signer just signed names a
+// keyset version above the one this composer holds, or a key it does not
+// list: engines are sent the keyset in their streams, so it must be taken
+// (and published) before they get manifests it verifies.
+func (p *Passer) signerAhead(env *typev1.Envelope) bool {
+	ring := p.cfg.Trust.Keyring()
+	if ring == nil {
+		return true
+	}
+	m := &typev1.Manifest{}
+	if err := envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m); err == nil && m.GetKeysetVersion() > ring.Version() {
+		return true
+	}
+	for _, s := range env.GetSignatures() {
+		if _, ok := ring.Key(s.GetKeyId()); !ok {
+			return true
+		}
+	}
+	return false
 }

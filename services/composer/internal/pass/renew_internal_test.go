@@ -24,6 +24,7 @@ type fakeTrust struct {
 
 func (f fakeTrust) Keyring() *verify.Keyring { return f.ring }
 func (f fakeTrust) SigningKeyID() string     { return f.id }
+func (fakeTrust) Stale()                     {}
 
 func manifestAt(node string, rev uint64, issued time.Time, life time.Duration) *typev1.Manifest {
 	return &typev1.Manifest{Node: node, Revision: rev, IssuedAt: timestamppb.New(issued), ExpiresAt: timestamppb.New(issued.Add(life))}

@@ -21,6 +21,7 @@ import (
 	"mesh.dev/internal/lint"
 	"mesh.dev/internal/names"
 	"mesh.dev/internal/natsx"
+	"mesh.dev/internal/verify"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	signerv1 "mesh.dev/proto/mesh/signer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
@@ -348,6 +349,11 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 			// engine; checking it now also spares the next pass the check.
 			if ring := p.cfg.Trust.Keyring(); ring != nil {
 				if _, err := p.verified.verify(ring, s.GetEnvelope(), typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, p.cfg.Now()); err != nil {
+					if errors.Is(err, verify.ErrUnknownKey) {
+						// The signer was restarted on a new key: take its
+						// keyset now; the retry of this pass verifies.
+						p.cfg.Trust.Stale()
+					}
 					failed(it, fmt.Errorf("%s: the signer's signature does not verify (%v); not written", it.key, err))
 					continue
 				}

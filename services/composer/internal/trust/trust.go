@@ -39,6 +39,11 @@ type Keeper struct {
 	ring     *verify.Keyring
 	signing  string
 	onChange []func(*verify.Keyring)
+	// stale is poked when a pass finds the signer ahead of this keeper (a
+	// signature by a key the keyset does not list, a manifest of a newer
+	// keyset version): the lease holder refreshes at once instead of at
+	// its next poll.
+	stale chan struct{}
 }
 
 // New returns a Keeper pinned to roots.
@@ -46,8 +51,20 @@ func New(roots *typev1.TrustRoots, st *store.Store, signer KeysetSource, log *sl
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Keeper{roots: roots, store: st, signer: signer, log: log}
+	return &Keeper{roots: roots, store: st, signer: signer, log: log, stale: make(chan struct{}, 1)}
 }
+
+// Stale says the signer signs with a key or keyset this keeper does not
+// hold yet; Refreshes wakes for it.
+func (k *Keeper) Stale() {
+	select {
+	case k.stale <- struct{}{}:
+	default:
+	}
+}
+
+// Refreshes is signalled by Stale.
+func (k *Keeper) Refreshes() <-chan struct{} { return k.stale }
 
 // OnChange registers a callback for a newer keyset.
 func (k *Keeper) OnChange(f func(*verify.Keyring)) {
