@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -247,6 +248,11 @@ func (k *KV) watch(ctx context.Context, keys []string, o watchOptions) (*Watcher
 	}()
 	go w.run(ctx, initPending)
 	if !o.oneShot {
+		w.enlist()
+		go func() {
+			<-w.done
+			w.leave()
+		}()
 		go w.check(ctx)
 	}
 	return w, nil
@@ -471,6 +477,7 @@ func (w *Watcher) check(ctx context.Context) {
 		due = time.Now().Add(regressionCheckEvery)
 		if regressed {
 			w.startOver()
+			w.tellRegressed()
 		}
 	}
 }
@@ -501,12 +508,83 @@ func (w *Watcher) regressed(ctx context.Context) (bool, error) {
 	}
 	m, err := w.k.stream.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return false, nil
+		// The message is gone: a newer write of its key replaced it (or
+		// a purge marker did), both at a higher sequence. If the key's
+		// newest message is older than the one delivered, or the key
+		// holds none, the delivered one was lost with the writes after
+		// the stream's new end, and the sequences after it were handed
+		// out again: a history-1 bucket drops the message that would
+		// have shown it (found writing again after a restore).
+		last, err := w.k.stream.GetLastMsgForSubject(ctx, subject)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		return last.Sequence < seq, nil
 	}
 	if err != nil {
 		return false, err
 	}
 	return m.Subject != subject || !m.Time.Equal(at), nil
+}
+
+// regressedStreams tells every watch of a stream on one connection that
+// one of them found the stream went back: watches of one bucket in a
+// process (a composer's passer, reconciler and Sync hub all follow
+// assignments) each check on their own timer, and a check that comes late
+// may find the stream grown past what it delivered, with nothing left to
+// show that the sequences were handed out again.
+var regressedStreams = struct {
+	sync.Mutex
+	watchers map[streamOf]map[*Watcher]struct{}
+}{watchers: map[streamOf]map[*Watcher]struct{}{}}
+
+type streamOf struct {
+	conn   *nats.Conn
+	stream string
+}
+
+func (w *Watcher) streamOf() streamOf {
+	return streamOf{conn: w.k.js.Conn(), stream: kvStreamName(w.k.bucket)}
+}
+
+// enlist adds a watch to those told of a regression of its stream;
+// leave removes it.
+func (w *Watcher) enlist() {
+	regressedStreams.Lock()
+	defer regressedStreams.Unlock()
+	key := w.streamOf()
+	if regressedStreams.watchers[key] == nil {
+		regressedStreams.watchers[key] = map[*Watcher]struct{}{}
+	}
+	regressedStreams.watchers[key][w] = struct{}{}
+}
+
+func (w *Watcher) leave() {
+	regressedStreams.Lock()
+	defer regressedStreams.Unlock()
+	key := w.streamOf()
+	delete(regressedStreams.watchers[key], w)
+	if len(regressedStreams.watchers[key]) == 0 {
+		delete(regressedStreams.watchers, key)
+	}
+}
+
+// tellRegressed makes every other watch of w's stream start over too.
+func (w *Watcher) tellRegressed() {
+	regressedStreams.Lock()
+	var others []*Watcher
+	for o := range regressedStreams.watchers[w.streamOf()] {
+		if o != w {
+			others = append(others, o)
+		}
+	}
+	regressedStreams.Unlock()
+	for _, o := range others {
+		o.startOver()
+	}
 }
 
 // startOver makes the delivery loop start over from the stream's current

@@ -213,3 +213,74 @@ func TestRegressedAfterTheStreamGrewPast(t *testing.T) {
 		t.Errorf("after the rollback and three writes regressed = %v, %v; want true", got, err)
 	}
 }
+
+// TestRegressedWhenTheDeliveredMessageWasReplaced: the stream went back and
+// grew past the last message the watch delivered, and in a history-1
+// bucket the message now at that sequence was replaced by a newer write of
+// its key: nothing is left at that sequence, and only the key of the
+// delivered message (its newest message is below it) shows the regression.
+func TestRegressedWhenTheDeliveredMessageWasReplaced(t *testing.T) {
+	t.Parallel()
+	r := newStoreRollback(t)
+	_, js := connect(t, r.e)
+	kv := ensureKV(t, js, testSpec(1))
+	putValue(t, kv, "a", "1") // seq 1
+	r.snapshot()
+	reachable(t, kv)
+	w, err := kv.Watch(t.Context(), ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next(t, w)
+	next(t, w)
+	putValue(t, kv, "b", "1") // seq 2
+	putValue(t, kv, "c", "1") // seq 3: the last delivered
+	next(t, w)
+	next(t, w)
+	w.Stop()
+	ctx := t.Context()
+	r.rollback()
+	reachable(t, kv)
+	// After the rollback: seq 2 and 3 are handed out again, to x and y;
+	// then y is written again (seq 4), which removes seq 3 (history 1).
+	for _, k := range []string{"x", "y", "y"} {
+		putValue(t, kv, k, "new")
+	}
+	if got, err := w.regressed(ctx); err != nil || !got {
+		t.Errorf("regressed = %v, %v; want true (c's newest message is gone with the rollback)", got, err)
+	}
+}
+
+// TestOneWatchTellsTheOthers: two watches of one bucket on one connection;
+// when one finds the stream went back, the other starts over too, even if
+// its own check would come too late to tell.
+func TestOneWatchTellsTheOthers(t *testing.T) {
+	t.Parallel()
+	r := newStoreRollback(t)
+	_, js := connect(t, r.e)
+	kv := ensureKV(t, js, testSpec(1))
+	putValue(t, kv, "a", "1")
+	w1, err := kv.Watch(t.Context(), ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w1.Stop()
+	w2, err := kv.Watch(t.Context(), ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Stop()
+	for _, w := range []*Watcher{w1, w2} {
+		next(t, w)
+		next(t, w)
+	}
+	w1.startOver()
+	w1.tellRegressed()
+	deadline := time.Now().Add(20 * time.Second)
+	for w2.Regressions() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the second watch was not told to start over")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
