@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -75,6 +76,9 @@ type ObjectSpec struct {
 	// Storage is where the stream lives; file storage is the zero value.
 	Storage     jetstream.StorageType
 	Description string
+	// LeaderReads turns direct get off, so every read is answered by the
+	// stream leader (nats.go turns it on for every object store).
+	LeaderReads bool
 }
 
 // Buckets returns the KV buckets of DESIGN.md §9 with the given replica
@@ -93,9 +97,14 @@ func Buckets(replicas int) []KVSpec {
 		}
 	}
 	return []KVSpec{
-		kv(BucketCatalogEntries, 1, false, "catalog entries by fingerprint (truth)"),
-		kv(BucketCatalogBuilds, 1, false, "catalog builds by fingerprint (truth)"),
-		kv(BucketCatalogModules, 1, false, "module registrations and their history keys (truth)"),
+		// The catalog reads its own writes at once (a registration needs
+		// the entry put just before, a DONE build the artifacts just
+		// uploaded) and answers engines whose NOT_FOUND is final until
+		// asked again: on a cluster a follower's direct get may not hold a
+		// write the leader acknowledged, so these are read from the leader.
+		kv(BucketCatalogEntries, 1, true, "catalog entries by fingerprint (truth)"),
+		kv(BucketCatalogBuilds, 1, true, "catalog builds by fingerprint (truth)"),
+		kv(BucketCatalogModules, 1, true, "module registrations and their history keys (truth)"),
 		kv(BucketNodes, 1, false, "node specs (truth: operator intent)"),
 		kv(BucketApprovals, 1, false, "approvals of held moves (truth: operator intent)"),
 		kv(BucketAssignments, 5, false, "per-node wants, holds and signed manifest (truth: what nodes run)"),
@@ -127,8 +136,11 @@ func LeaseSpec(replicas int, ttl time.Duration) KVSpec {
 // replica count.
 func ObjectStores(replicas int) []ObjectSpec {
 	return []ObjectSpec{
-		{Bucket: ObjectStoreArtifacts, Replicas: replicas, Storage: jetstream.FileStorage, Description: "build artifacts by digest (truth)"},
-		{Bucket: ObjectStoreObjects, Replicas: replicas, Storage: jetstream.FileStorage, Description: "composition content moved out of line, by digest (derived)"},
+		// Both are read right after they are written (a DONE build checks
+		// its artifacts are held; an engine fetches an object as soon as
+		// the composition naming it is committed): leader reads.
+		{Bucket: ObjectStoreArtifacts, Replicas: replicas, Storage: jetstream.FileStorage, Description: "build artifacts by digest (truth)", LeaderReads: true},
+		{Bucket: ObjectStoreObjects, Replicas: replicas, Storage: jetstream.FileStorage, Description: "composition content moved out of line, by digest (derived)", LeaderReads: true},
 	}
 }
 
@@ -209,16 +221,63 @@ func EnsureObjectStore(ctx context.Context, js jetstream.JetStream, spec ObjectS
 	if spec.Bucket == "" || !validBucketRe.MatchString(spec.Bucket) {
 		return nil, fmt.Errorf("object store name %q is invalid", spec.Bucket)
 	}
-	store, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+	// A store that exists is updated here rather than by nats.go, whose
+	// update would turn direct get on again for a moment at every start.
+	if st, err := js.Stream(ctx, objStreamName(spec.Bucket)); err == nil {
+		cfg := st.CachedInfo().Config
+		want := cfg
+		want.Description, want.Replicas, want.AllowDirect = spec.Description, max(spec.Replicas, 1), !spec.LeaderReads
+		if !reflect.DeepEqual(cfg, want) {
+			if _, err := js.UpdateStream(ctx, want); err != nil {
+				return nil, fmt.Errorf("ensure object store %s: %w", spec.Bucket, err)
+			}
+		}
+		store, err := js.ObjectStore(ctx, spec.Bucket)
+		if err != nil {
+			return nil, fmt.Errorf("ensure object store %s: %w", spec.Bucket, err)
+		}
+		return namedStore{ObjectStore: store, bucket: spec.Bucket}, nil
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("ensure object store %s: %w", spec.Bucket, err)
+	}
+	store, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{
 		Bucket:      spec.Bucket,
 		Description: spec.Description,
 		Storage:     spec.Storage,
 		Replicas:    max(spec.Replicas, 1),
 	})
+	if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		// Another service made it meanwhile.
+		return EnsureObjectStore(ctx, js, spec)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ensure object store %s: %w", spec.Bucket, err)
 	}
+	if spec.LeaderReads {
+		if store, err = leaderReadsOnly(ctx, js, spec.Bucket, store); err != nil {
+			return nil, fmt.Errorf("ensure object store %s: %w", spec.Bucket, err)
+		}
+	}
 	return namedStore{ObjectStore: store, bucket: spec.Bucket}, nil
+}
+
+// leaderReadsOnly turns direct get off on an object store's stream and
+// binds the store again, so its reads (which follow the stream's setting
+// as the store found it) go to the leader.
+func leaderReadsOnly(ctx context.Context, js jetstream.JetStream, bucket string, store jetstream.ObjectStore) (jetstream.ObjectStore, error) {
+	st, err := js.Stream(ctx, objStreamName(bucket))
+	if err != nil {
+		return nil, err
+	}
+	cfg := st.CachedInfo().Config
+	if !cfg.AllowDirect {
+		return store, nil
+	}
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("turn direct get off: %w", err)
+	}
+	return js.ObjectStore(ctx, bucket)
 }
 
 // EnsureAll creates or updates every bucket and object store of DESIGN.md §9
@@ -246,3 +305,6 @@ func EnsureAll(ctx context.Context, js jetstream.JetStream, replicas int, leaseT
 	}
 	return kvs, stores, nil
 }
+
+// objStreamName is the stream behind an object store, as nats.go names it.
+func objStreamName(bucket string) string { return "OBJ_" + bucket }

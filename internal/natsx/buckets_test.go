@@ -16,9 +16,9 @@ func TestBucketTable(t *testing.T) {
 		history     uint8
 		leaderReads bool
 	}{
-		"catalog-entries": {1, false},
-		"catalog-builds":  {1, false},
-		"catalog-modules": {1, false},
+		"catalog-entries": {1, true},
+		"catalog-builds":  {1, true},
+		"catalog-modules": {1, true},
 		"nodes":           {1, false},
 		"approvals":       {1, false},
 		"assignments":     {5, false},
@@ -62,7 +62,7 @@ func TestBucketTable(t *testing.T) {
 			t.Errorf("object stores: %+v", stores)
 		}
 		for _, s := range stores {
-			if s.Replicas != replicas || s.Storage != jetstream.FileStorage {
+			if s.Replicas != replicas || s.Storage != jetstream.FileStorage || !s.LeaderReads {
 				t.Errorf("%s: %+v", s.Bucket, s)
 			}
 		}
@@ -212,5 +212,22 @@ func TestEnsureAll(t *testing.T) {
 		if storeName(store) != name {
 			t.Errorf("store %s names itself %s", name, storeName(store))
 		}
+		// Read from the leader: nats.go turns direct get on for every
+		// object store, EnsureObjectStore turns it off again, and the
+		// store keeps working for puts and gets.
+		si, err := js.Stream(t.Context(), objStreamName(name))
+		if err != nil || si.CachedInfo().Config.AllowDirect {
+			t.Errorf("store %s: direct get on (%v)", name, err)
+		}
+		if _, err := store.PutBytes(t.Context(), "x", []byte("y")); err != nil {
+			t.Errorf("store %s put: %v", name, err)
+		}
+		if b, err := store.GetBytes(t.Context(), "x"); err != nil || string(b) != "y" {
+			t.Errorf("store %s get: %q %v", name, b, err)
+		}
+	}
+	// Ensured again, nothing changes.
+	if _, _, err := EnsureAll(t.Context(), js, 1, 10*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }

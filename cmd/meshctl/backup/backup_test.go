@@ -271,8 +271,12 @@ func TestBackupRestoreRoundTrip(t *testing.T) {
 		if g, w := streamConfig(t, dst, kvStream(bucket)), streamConfig(t, src.js, kvStream(bucket)); !configEqual(g, w) {
 			t.Errorf("%s: restored stream config\n%+v\nwant\n%+v", bucket, g, w)
 		}
-		if s := specs[bucket]; s.LeaderReads != (bucket == natsx.BucketCompositions) {
-			t.Errorf("%s: leader reads %v, DESIGN.md §9 says otherwise", bucket, s.LeaderReads)
+		// Read back from the leader: compositions (DESIGN.md §9) and the
+		// catalog's buckets, which it reads its own writes from at once.
+		leader := map[string]bool{natsx.BucketCompositions: true, natsx.BucketCatalogEntries: true,
+			natsx.BucketCatalogBuilds: true, natsx.BucketCatalogModules: true}
+		if s := specs[bucket]; s.LeaderReads != leader[bucket] {
+			t.Errorf("%s: leader reads %v, want %v", bucket, s.LeaderReads, leader[bucket])
 		}
 	}
 	// History: the last five revisions of n1, the marker of n2, and a
