@@ -28,6 +28,9 @@ func TestComposerKilledBetweenSignAndWrite(t *testing.T) {
 		f := wait(time.Minute)
 		c.WaitEnded(30 * time.Second)
 		r.disarmSigner()
+		// Invariant 1 at the worst moment: the composer is dead with
+		// signatures it never wrote.
+		r.m.Rec.checkCurrent(false)
 		// What the signer signed in that call was not written when the
 		// composer died.
 		unwritten := 0
@@ -68,6 +71,9 @@ func TestComposerKilledBetweenModuleWritesAndAssignment(t *testing.T) {
 			r.t.Fatal("the composer wrote no composition to be killed after")
 		}
 		c.WaitEnded(30 * time.Second)
+		// Invariant 1 at the worst moment: the composer is dead between
+		// its module writes and its assignments.
+		r.m.Rec.checkCurrent(false)
 		// Which nodes' assignments still want the old motd: those the kill
 		// caught between their module writes and their assignment.
 		caught := 0
