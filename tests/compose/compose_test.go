@@ -494,7 +494,27 @@ func restoreIntoEmptyCluster(t *testing.T, d *deployment, archive, natsURL strin
 				}
 			}
 		}
-		return all.converged(ctx, nodes, fps)
+		if err := all.converged(ctx, nodes, fps); err != nil {
+			return err
+		}
+		// Converged on the backup's intent means above each engine's
+		// high-water mark, with the backed-up motd on disk: a status that
+		// reads converged before the engines moved is not enough.
+		for n, e := range engines {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			st, err := e.GetStatus(cctx, &nodeenginev1.GetStatusRequest{})
+			cancel()
+			if err != nil {
+				return fmt.Errorf("engine %s: %w", n, err)
+			}
+			if got := st.GetApplied().GetRevision(); got <= highWater[n] {
+				return fmt.Errorf("engine %s still runs revision %d (high-water before the restore %d): %s", n, got, highWater[n], engineSummary(st))
+			}
+			if motd := d.file(d.container("node-"+n), "/node/etc/motd"); strings.Contains(motd, changedLine) {
+				return fmt.Errorf("node %s still has the changed motd at revision %d", n, st.GetApplied().GetRevision())
+			}
+		}
+		return nil
 	})
 	revisions.stop()
 	if len(failed) > 0 {
@@ -579,6 +599,16 @@ func (f *fleet) converged(ctx context.Context, nodes []string, fps map[string]st
 		}
 	}
 	return nil
+}
+
+// engineSummary is what an engine says it runs, module by module.
+func engineSummary(st *nodeenginev1.GetStatusResponse) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "applied r%d high-water %d", st.GetApplied().GetRevision(), st.GetHighWater())
+	for _, h := range st.GetHaves() {
+		fmt.Fprintf(&b, "; %s applied %s %s %s", h.GetModule(), short(h.GetApplied().GetFingerprint()), h.GetAttempt().GetState(), h.GetAttempt().GetReason())
+	}
+	return b.String()
 }
 
 func summary(st *composerv1.NodeStatus) string {
