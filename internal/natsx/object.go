@@ -55,21 +55,26 @@ func GetObject(ctx context.Context, store jetstream.ObjectStore, name string, of
 	if offset < 0 {
 		return nil, nil, fail(fmt.Errorf("negative offset %d", offset))
 	}
-	res, err := store.Get(ctx, name)
+	// The read lives under rctx; the reader's Close ends it.
+	rctx, cancel := context.WithCancel(ctx)
+	res, err := lookupObject(rctx, cancel, store, name)
 	if err != nil {
 		return nil, nil, fail(err)
 	}
 	info, err := res.Info()
 	if err != nil {
 		res.Close()
+		cancel()
 		return nil, nil, fail(err)
 	}
 	span.SetAttributes(attrSize.Int64(int64(info.Size)))
 	if uint64(offset) > info.Size {
 		res.Close()
+		cancel()
 		return nil, nil, fail(fmt.Errorf("offset %d is past the end of a %d-byte object", offset, info.Size))
 	}
-	r := newObjectReader(ctx, res, name)
+	r := newObjectReader(rctx, res, name)
+	r.cancel = cancel
 	if offset > 0 {
 		if _, err := io.CopyN(io.Discard, r, offset); err != nil {
 			r.Close()
@@ -77,6 +82,46 @@ func GetObject(ctx context.Context, store jetstream.ObjectStore, name string, of
 		}
 	}
 	return r, info, nil
+}
+
+// lookupObject opens an object for reading and waits at most
+// RequestTimeout for the lookup. nats.go looks the object's info up under
+// the caller's context, which also carries the read that follows, so a
+// lookup whose reply was lost (a server restart, a leader change) would
+// hold the caller until its deadline. A lookup cut so cancels ctx (cancel)
+// and closes what the lookup opens later.
+func lookupObject(ctx context.Context, cancel context.CancelFunc, store jetstream.ObjectStore, name string) (jetstream.ObjectResult, error) {
+	type got struct {
+		res jetstream.ObjectResult
+		err error
+	}
+	done := make(chan got, 1)
+	go func() {
+		res, err := store.Get(ctx, name)
+		done <- got{res, err}
+	}()
+	abandon := func(err error) (jetstream.ObjectResult, error) {
+		cancel()
+		go func() {
+			if g := <-done; g.err == nil {
+				g.res.Close()
+			}
+		}()
+		return nil, err
+	}
+	timer := time.NewTimer(RequestTimeout)
+	defer timer.Stop()
+	select {
+	case g := <-done:
+		if g.err != nil {
+			cancel()
+		}
+		return g.res, g.err
+	case <-timer.C:
+		return abandon(fmt.Errorf("lookup: no reply within %s: %w", RequestTimeout, context.DeadlineExceeded))
+	case <-ctx.Done():
+		return abandon(ctx.Err())
+	}
 }
 
 // ErrObjectStalled is returned by a read of an object whose next chunk did
@@ -97,6 +142,7 @@ var objectIdle = 15 * time.Second
 // caller's deadline, holding nothing but its subscription.
 type objectReader struct {
 	ctx    context.Context
+	cancel context.CancelFunc
 	name   string
 	chunks chan []byte
 	done   chan struct{}
@@ -162,7 +208,12 @@ func (r *objectReader) Read(p []byte) (int, error) {
 
 // Close ends the read.
 func (r *objectReader) Close() error {
-	r.once.Do(func() { close(r.done) })
+	r.once.Do(func() {
+		close(r.done)
+		if r.cancel != nil {
+			r.cancel()
+		}
+	})
 	return nil
 }
 

@@ -242,3 +242,42 @@ func TestGetObjectWhoseChunksWentAway(t *testing.T) {
 		t.Fatal("the read of an object whose chunks are gone still waits")
 	}
 }
+
+// silentLookup is an object store whose lookups get no reply: what a
+// lookup sent on a connection that was then lost sees in nats.go (the
+// request is not failed; it waits for its context).
+type silentLookup struct {
+	jetstream.ObjectStore
+}
+
+func (silentLookup) Get(ctx context.Context, _ string, _ ...jetstream.GetObjectOpt) (jetstream.ObjectResult, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestGetObjectLookupWithoutReply: a lookup whose reply never comes fails
+// after RequestTimeout, not at the caller's far deadline, and says so.
+func TestGetObjectLookupWithoutReply(t *testing.T) {
+	t.Parallel()
+	_, js := serverAndJS(t)
+	store, err := EnsureObjectStore(t.Context(), js, ObjectSpec{Bucket: "objects-silent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	began := time.Now()
+	_, _, err = GetObject(ctx, namedStore{silentLookup{store}, "objects-silent"}, "sha256:x", 0)
+	if err == nil || !strings.Contains(err.Error(), "no reply within "+RequestTimeout.String()) {
+		t.Fatalf("a lookup without reply: %v, want no reply within %s", err, RequestTimeout)
+	}
+	if took := time.Since(began); took > 3*RequestTimeout {
+		t.Errorf("a lookup without reply held the caller %s", took)
+	}
+	// The caller's own end is the caller's error.
+	short, cancelShort := context.WithCancel(t.Context())
+	cancelShort()
+	if _, _, err := GetObject(short, namedStore{silentLookup{store}, "objects-silent"}, "sha256:x", 0); !errors.Is(err, context.Canceled) {
+		t.Errorf("a lookup of a cancelled caller: %v, want context.Canceled", err)
+	}
+}
