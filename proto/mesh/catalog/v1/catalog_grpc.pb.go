@@ -110,6 +110,11 @@ type CatalogServiceClient interface {
 	// also after a catalog restart. A registration deleted by hand comes as
 	// one naming the module with no fingerprint. A from_revision above the
 	// store's last revision (a store restored from a backup) counts as 0.
+	// A store that goes back to an older state while watched (restored, or a
+	// server's snapshot) starts the protocol over on the same stream: every
+	// registration it now holds comes again (a module it no longer registers
+	// as one with no fingerprint), then a caught_up marker whose revision,
+	// lower than those sent before, is where to resume from.
 	// Callers: composer, operator.
 	// Codes: UNAVAILABLE when the store's watch fails or the catalog stops
 	// (resume from the last revision).
@@ -333,6 +338,11 @@ type CatalogServiceServer interface {
 	// also after a catalog restart. A registration deleted by hand comes as
 	// one naming the module with no fingerprint. A from_revision above the
 	// store's last revision (a store restored from a backup) counts as 0.
+	// A store that goes back to an older state while watched (restored, or a
+	// server's snapshot) starts the protocol over on the same stream: every
+	// registration it now holds comes again (a module it no longer registers
+	// as one with no fingerprint), then a caught_up marker whose revision,
+	// lower than those sent before, is where to resume from.
 	// Callers: composer, operator.
 	// Codes: UNAVAILABLE when the store's watch fails or the catalog stops
 	// (resume from the last revision).

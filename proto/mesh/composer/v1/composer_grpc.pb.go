@@ -98,11 +98,14 @@ type ComposerServiceClient interface {
 	// GetComposition returns a signed composition. Callers: node (node:self:
 	// the key's node must be the caller), operator.
 	// Codes: INVALID_ARGUMENT (malformed key), PERMISSION_DENIED (another
-	// node's key), NOT_FOUND ("no composition <key>").
+	// node's key), NOT_FOUND ("no composition <key>"), DATA_LOSS (the stored
+	// value does not decode: a pass of the node is asked for, which writes it
+	// again; retry later).
 	GetComposition(ctx context.Context, in *GetCompositionRequest, opts ...grpc.CallOption) (*GetCompositionResponse, error)
 	// GetObject streams an object a composition names. Callers: node (only
 	// when the composition is the caller's, exists and names the digest),
-	// operator. Codes: INVALID_ARGUMENT, PERMISSION_DENIED, NOT_FOUND.
+	// operator. Codes: INVALID_ARGUMENT, PERMISSION_DENIED, NOT_FOUND,
+	// DATA_LOSS (the composition naming it does not decode; as GetComposition).
 	GetObject(ctx context.Context, in *GetObjectRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetObjectResponse], error)
 }
 
@@ -344,11 +347,14 @@ type ComposerServiceServer interface {
 	// GetComposition returns a signed composition. Callers: node (node:self:
 	// the key's node must be the caller), operator.
 	// Codes: INVALID_ARGUMENT (malformed key), PERMISSION_DENIED (another
-	// node's key), NOT_FOUND ("no composition <key>").
+	// node's key), NOT_FOUND ("no composition <key>"), DATA_LOSS (the stored
+	// value does not decode: a pass of the node is asked for, which writes it
+	// again; retry later).
 	GetComposition(context.Context, *GetCompositionRequest) (*GetCompositionResponse, error)
 	// GetObject streams an object a composition names. Callers: node (only
 	// when the composition is the caller's, exists and names the digest),
-	// operator. Codes: INVALID_ARGUMENT, PERMISSION_DENIED, NOT_FOUND.
+	// operator. Codes: INVALID_ARGUMENT, PERMISSION_DENIED, NOT_FOUND,
+	// DATA_LOSS (the composition naming it does not decode; as GetComposition).
 	GetObject(*GetObjectRequest, grpc.ServerStreamingServer[GetObjectResponse]) error
 	mustEmbedUnimplementedComposerServiceServer()
 }
