@@ -87,6 +87,15 @@ func WaitConverged(ctx context.Context, w io.Writer, fetch func(context.Context)
 			line := fmt.Sprintf("%d/%d nodes converged", conv, len(sts))
 			var table strings.Builder
 			RenderStatus(&table, sts, false, time.Now())
+			if why {
+				// The live table says in one line why each node that is
+				// not converged is not (status --why has every module).
+				for _, st := range sts {
+					if r := notConvergedBecause(st); r != "" {
+						fmt.Fprintf(&table, "  %s: %s\n", st.GetNode(), r)
+					}
+				}
+			}
 			changed := line != lastLine || (table.String() != lastTable && time.Since(printed) >= liveEvery)
 			if changed && !done {
 				fmt.Fprintf(w, "[%5.1fs] %s\n", time.Since(start).Seconds(), line)
@@ -150,6 +159,48 @@ func stateWord(st *composerv1.NodeStatus) string {
 		}
 	}
 	return "CONVERGING"
+}
+
+// notConvergedBecause is the first reason a node is not converged, in one
+// line; "" for a converged node with no compose error.
+func notConvergedBecause(st *composerv1.NodeStatus) string {
+	if st.GetLastError() != "" {
+		return "compose error: " + st.GetLastError()
+	}
+	if st.GetConverged() {
+		if hs := st.GetHolds(); len(hs) > 0 {
+			r := fmt.Sprintf("runs what it may; %s held: %s", hs[0].GetModule(), hs[0].GetReason())
+			if len(hs) > 1 {
+				r += fmt.Sprintf(" (and %d more holds)", len(hs)-1)
+			}
+			return r
+		}
+		return ""
+	}
+	if st.GetLastSeen() == nil && st.GetAppliedRevision() == 0 {
+		return "its engine has not connected yet"
+	}
+	for _, m := range st.GetModules() {
+		if m.GetWantedDigest() != "" && m.GetWantedDigest() == m.GetAppliedDigest() && m.GetHold() == nil {
+			continue
+		}
+		if h := m.GetHold(); h != nil {
+			return m.GetModule() + " held: " + h.GetReason()
+		}
+		if st := m.GetState(); st == composerv1.AttemptState_ATTEMPT_STATE_FAILED || st == composerv1.AttemptState_ATTEMPT_STATE_HELD ||
+			st == composerv1.AttemptState_ATTEMPT_STATE_STALE {
+			r := fmt.Sprintf("%s %s %s", m.GetModule(), strings.TrimPrefix(st.String(), "ATTEMPT_STATE_"),
+				strings.TrimPrefix(m.GetReasonCode().String(), "REASON_CODE_"))
+			if m.GetReason() != "" {
+				r += ": " + m.GetReason()
+			}
+			return r
+		}
+	}
+	if st.GetAppliedRevision() != st.GetManifestRevision() {
+		return fmt.Sprintf("manifest r%d sent, the engine reports r%d", st.GetManifestRevision(), st.GetAppliedRevision())
+	}
+	return "applying"
 }
 
 // RenderStatus writes the status table and, with why, the reasons.

@@ -53,3 +53,52 @@ func TestWaitConvergedIsLive(t *testing.T) {
 		t.Errorf("the last table does not show every node converged:\n%s", last)
 	}
 }
+
+// TestWaitConvergedSaysWhy: with why, the live table names under it, in one
+// line each, why every node that is not converged is not.
+func TestWaitConvergedSaysWhy(t *testing.T) {
+	t.Parallel()
+	seen := timestamppb.New(time.Now())
+	held := &composerv1.NodeStatus{Node: "ace", ManifestRevision: 7, AppliedRevision: 7, LastSeen: seen, Modules: []*composerv1.ModuleStatus{
+		{Module: "users", WantedDigest: "sha256:aa", AppliedDigest: "sha256:bb", Hold: &composerv1.Hold{Module: "users", Reason: "MANUAL policy: approve the move"}},
+	}}
+	failed := &composerv1.NodeStatus{Node: "bay", ManifestRevision: 9, AppliedRevision: 8, LastSeen: seen, Modules: []*composerv1.ModuleStatus{
+		{Module: "motd", WantedDigest: "sha256:cc", State: composerv1.AttemptState_ATTEMPT_STATE_FAILED,
+			ReasonCode: composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH, Reason: "composition bytes are not the manifest's digest"},
+	}}
+	never := &composerv1.NodeStatus{Node: "cod", ManifestRevision: 3}
+	done := []*composerv1.NodeStatus{
+		{Node: "ace", Converged: true, ManifestRevision: 7, AppliedRevision: 7, LastSeen: seen},
+		{Node: "bay", Converged: true, ManifestRevision: 9, AppliedRevision: 9, LastSeen: seen},
+		{Node: "cod", Converged: true, ManifestRevision: 3, AppliedRevision: 3, LastSeen: seen},
+	}
+	var mu sync.Mutex
+	calls := 0
+	fetch := func(context.Context) ([]*composerv1.NodeStatus, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls == 1 {
+			return []*composerv1.NodeStatus{held, failed, never}, nil
+		}
+		return done, nil
+	}
+	var out strings.Builder
+	if err := WaitConverged(context.Background(), &out, fetch, 3, true); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	for _, want := range []string{
+		"  ace: users held: MANUAL policy: approve the move\n",
+		"  bay: motd FAILED DIGEST_MISMATCH: composition bytes are not the manifest's digest\n",
+		"  cod: its engine has not connected yet\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("no %q in:\n%s", want, got)
+		}
+	}
+	last := got[strings.LastIndex(got, "NODE "):]
+	if strings.Contains(last, "  ace:") {
+		t.Errorf("the converged table still gives reasons:\n%s", last)
+	}
+}
