@@ -62,3 +62,16 @@ func (c *entryCache) put(fp string, e *catalogv1.Entry, size int) {
 		c.bytes -= v.size
 	}
 }
+
+// reset drops every cached entry (the store went back: an entry it held may
+// be gone).
+func (c *entryCache) reset() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.order.Init()
+	c.items = map[string]*list.Element{}
+	c.bytes = 0
+}

@@ -77,6 +77,17 @@ func (s *Store) catchUp(ctx context.Context) error {
 		return err
 	}
 	x.mu.Lock()
+	if last < x.seq {
+		// The stream's last sequence is below one the index read: the
+		// store went back (restored from a backup, a server's older
+		// snapshot). The sequences after last will be handed out again to
+		// other entries, and entries the index and the cache hold may be
+		// gone: both start over from what the store holds now.
+		s.log.Warn("catalog-entries went back to an older state; the entry index and cache start over",
+			"last_sequence", last, "index_sequence", x.seq)
+		x.seq, x.moduleOf, x.all, x.byModule = 0, map[string]string{}, nil, map[string][]string{}
+		s.cache.reset()
+	}
 	from := x.seq + 1
 	x.mu.Unlock()
 	if last < from {
