@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -268,8 +269,21 @@ func (st *nodeState) prevWant(module string) *typev1.Want {
 
 func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
 	st := &nodeState{}
-	var err error
-	if st.spec, st.specRev, err = p.cfg.Store.Spec(ctx, node); err != nil {
+	// The three reads are independent: one round trip instead of three.
+	var specErr, asgErr, havesErr error
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		st.assignment, st.asgRev, asgErr = p.cfg.Store.Assignment(ctx, node)
+	}()
+	go func() {
+		defer wg.Done()
+		st.haves, st.havesRev, havesErr = p.cfg.Store.Have(ctx, node)
+	}()
+	st.spec, st.specRev, specErr = p.cfg.Store.Spec(ctx, node)
+	wg.Wait()
+	if err := specErr; err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, fmt.Errorf("%w of %s", ErrNoSpec, node)
 		}
@@ -277,7 +291,7 @@ func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
 	}
 	// A value that does not decode comes back with its revision and an
 	// error; one that cannot be read, with revision 0.
-	if st.assignment, st.asgRev, err = p.cfg.Store.Assignment(ctx, node); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := asgErr; err != nil && !errors.Is(err, store.ErrNotFound) {
 		if st.asgRev == 0 {
 			return nil, fmt.Errorf("read assignment of %s: %w", node, err)
 		}
@@ -288,7 +302,7 @@ func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
 		st.assignment, st.corruptAssignment = nil, true
 		p.cfg.Logger.WarnContext(ctx, "the assignment does not decode; re-deriving it", "node", node, "revision", st.asgRev, "error", err)
 	}
-	if st.haves, st.havesRev, err = p.cfg.Store.Have(ctx, node); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := havesErr; err != nil && !errors.Is(err, store.ErrNotFound) {
 		if st.havesRev == 0 {
 			return nil, fmt.Errorf("read haves of %s: %w", node, err)
 		}
@@ -392,6 +406,19 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 			return nil, err
 		}
 	}
+	// One listing of the node's keys by the stream leader serves the compare
+	// (a module key it does not list is absent: no read, and the write is a
+	// Create, which fails should the key appear meanwhile) and the prune. It
+	// needs only the node's name, so it is asked beside the reads.
+	type listing struct {
+		keys []string
+		err  error
+	}
+	listed := make(chan listing, 1)
+	go func() {
+		keys, err := p.cfg.Store.CompositionKeys(ctx, node)
+		listed <- listing{keys, err}
+	}()
 	st, err := p.read(ctx, node)
 	if err != nil {
 		return nil, err
@@ -450,16 +477,13 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	sort.Strings(keys)
 	keys = append(keys, names.NodeKey(node))
 
-	// One listing of the node's keys by the stream leader serves the compare
-	// (a module key it does not list is absent: no read, and the write is a
-	// Create, which fails should the key appear meanwhile) and the prune.
-	if listed, err := p.cfg.Store.CompositionKeys(ctx, node); err == nil {
-		st.listed = make(map[string]bool, len(listed))
-		for _, k := range listed {
+	if l := <-listed; l.err == nil {
+		st.listed = make(map[string]bool, len(l.keys))
+		for _, k := range l.keys {
 			st.listed[k] = true
 		}
 	} else {
-		p.cfg.Logger.WarnContext(ctx, "list the node's compositions; reading each", "node", node, "error", err)
+		p.cfg.Logger.WarnContext(ctx, "list the node's compositions; reading each", "node", node, "error", l.err)
 	}
 	work := p.prepare(ctx, node, keys, split.Compositions, st)
 	jc := p.judging(ctx, st, work, manifests)
