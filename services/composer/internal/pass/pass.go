@@ -382,7 +382,7 @@ func (p *Passer) Run(ctx context.Context, node string, mode Mode, expect *compos
 	ctx, span := p.cfg.Tracer.Start(ctx, "composer.pass.node", trace.WithAttributes(
 		attribute.String("mesh.node", node), attribute.Bool("mesh.plan", mode == Plan)))
 	defer span.End()
-	res, err := p.run(ctx, node, mode, expect)
+	res, err := p.run(ctx, node, mode, expect, nil)
 	if err == nil && res != nil {
 		err = res.Err
 	}
@@ -393,7 +393,29 @@ func (p *Passer) Run(ctx context.Context, node string, mode Mode, expect *compos
 	return res, err
 }
 
-func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *composerv1.AssignmentInputs) (*Result, error) {
+// RunThenFinish is a Write pass whose last steps, the node's status and
+// prune (DESIGN.md §5.2 step 8), are left to finish, which the caller must
+// call once (nil when there is nothing left). The assignment is committed
+// when RunThenFinish returns, so the node's engine can go on meanwhile; the
+// caller keeps the node from another pass until finish returned, and reads
+// res.RenewAt only after it.
+func (p *Passer) RunThenFinish(ctx context.Context, node string) (*Result, func(), error) {
+	ctx, span := p.cfg.Tracer.Start(ctx, "composer.pass.node", trace.WithAttributes(
+		attribute.String("mesh.node", node), attribute.Bool("mesh.plan", false)))
+	defer span.End()
+	var finish func()
+	res, err := p.run(ctx, node, Write, nil, &finish)
+	if err == nil && res != nil {
+		err = res.Err
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return res, finish, err
+}
+
+func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *composerv1.AssignmentInputs, later *func()) (*Result, error) {
 	if p.cfg.CatalogCaughtUp != nil && !p.cfg.CatalogCaughtUp() {
 		// A pass on a partial view would hold modules for want of a
 		// registration, or compose one the catalog no longer has.
@@ -434,7 +456,9 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	done := func(asg *composerv1.Assignment) (*Result, error) {
 		res.Err = errors.Join(errs...)
 		res.Written, res.Records = st.written, st.records
-		if mode == Write {
+		if mode == Write && later != nil {
+			*later = func() { p.finish(ctx, st, res, asg) }
+		} else if mode == Write {
 			p.finish(ctx, st, res, asg)
 		}
 		return res, nil
