@@ -146,6 +146,8 @@ type KV struct {
 	maxValue int
 	direct   bool
 	tracer   trace.Tracer
+	// lastSeq shares LastSequence requests between concurrent callers.
+	lastSeq *lastSeqShare
 }
 
 // OpenKV binds to an existing bucket without changing it, for services that
@@ -188,6 +190,7 @@ func openKV(ctx context.Context, js jetstream.JetStream, bucket string, maxValue
 		maxValue: int(maxValue),
 		direct:   cfg.AllowDirect,
 		tracer:   o.tracer,
+		lastSeq:  &lastSeqShare{},
 	}, nil
 }
 

@@ -240,6 +240,9 @@ func (p *Passer) follow(ctx context.Context, it *item, jc *judging) error {
 		if follow > 0 && p.hooks.beforeReread != nil {
 			p.hooks.beforeReread(it.key, follow)
 		}
+		if follow == 0 && p.stillJudged(ctx, it) {
+			return nil
+		}
 		obs := p.observe(ctx, it.key)
 		switch {
 		case obs.err != nil:
@@ -278,4 +281,17 @@ func (p *Passer) follow(ctx context.Context, it *item, jc *judging) error {
 			return err
 		}
 	}
+}
+
+// stillJudged reports whether the composition mirror, current as of now
+// (after this pass's writes: its stream-info request is sent after this
+// call), shows the key holding the very digest judged. That is what the
+// re-read from the stream leader would find, without moving the value;
+// anything else (the mirror behind, the key moved or gone) is read.
+func (p *Passer) stillJudged(ctx context.Context, it *item) bool {
+	if !p.compositions.current(ctx, p.cfg.Store.Compositions) {
+		return false
+	}
+	v, ok := p.compositions.lookup(it.key)
+	return ok && v.put && v.sum == it.digest
 }

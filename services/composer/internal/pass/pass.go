@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -268,8 +269,21 @@ func (st *nodeState) prevWant(module string) *typev1.Want {
 
 func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
 	st := &nodeState{}
-	var err error
-	if st.spec, st.specRev, err = p.cfg.Store.Spec(ctx, node); err != nil {
+	// The three reads are independent: one round trip instead of three.
+	var specErr, asgErr, havesErr error
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		st.assignment, st.asgRev, asgErr = p.cfg.Store.Assignment(ctx, node)
+	}()
+	go func() {
+		defer wg.Done()
+		st.haves, st.havesRev, havesErr = p.cfg.Store.Have(ctx, node)
+	}()
+	st.spec, st.specRev, specErr = p.cfg.Store.Spec(ctx, node)
+	wg.Wait()
+	if err := specErr; err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, fmt.Errorf("%w of %s", ErrNoSpec, node)
 		}
@@ -277,7 +291,7 @@ func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
 	}
 	// A value that does not decode comes back with its revision and an
 	// error; one that cannot be read, with revision 0.
-	if st.assignment, st.asgRev, err = p.cfg.Store.Assignment(ctx, node); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := asgErr; err != nil && !errors.Is(err, store.ErrNotFound) {
 		if st.asgRev == 0 {
 			return nil, fmt.Errorf("read assignment of %s: %w", node, err)
 		}
@@ -288,7 +302,7 @@ func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
 		st.assignment, st.corruptAssignment = nil, true
 		p.cfg.Logger.WarnContext(ctx, "the assignment does not decode; re-deriving it", "node", node, "revision", st.asgRev, "error", err)
 	}
-	if st.haves, st.havesRev, err = p.cfg.Store.Have(ctx, node); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := havesErr; err != nil && !errors.Is(err, store.ErrNotFound) {
 		if st.havesRev == 0 {
 			return nil, fmt.Errorf("read haves of %s: %w", node, err)
 		}
@@ -368,7 +382,7 @@ func (p *Passer) Run(ctx context.Context, node string, mode Mode, expect *compos
 	ctx, span := p.cfg.Tracer.Start(ctx, "composer.pass.node", trace.WithAttributes(
 		attribute.String("mesh.node", node), attribute.Bool("mesh.plan", mode == Plan)))
 	defer span.End()
-	res, err := p.run(ctx, node, mode, expect)
+	res, err := p.run(ctx, node, mode, expect, nil)
 	if err == nil && res != nil {
 		err = res.Err
 	}
@@ -379,7 +393,29 @@ func (p *Passer) Run(ctx context.Context, node string, mode Mode, expect *compos
 	return res, err
 }
 
-func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *composerv1.AssignmentInputs) (*Result, error) {
+// RunThenFinish is a Write pass whose last steps, the node's status and
+// prune (DESIGN.md §5.2 step 8), are left to finish, which the caller must
+// call once (nil when there is nothing left). The assignment is committed
+// when RunThenFinish returns, so the node's engine can go on meanwhile; the
+// caller keeps the node from another pass until finish returned, and reads
+// res.RenewAt only after it.
+func (p *Passer) RunThenFinish(ctx context.Context, node string) (*Result, func(), error) {
+	ctx, span := p.cfg.Tracer.Start(ctx, "composer.pass.node", trace.WithAttributes(
+		attribute.String("mesh.node", node), attribute.Bool("mesh.plan", false)))
+	defer span.End()
+	var finish func()
+	res, err := p.run(ctx, node, Write, nil, &finish)
+	if err == nil && res != nil {
+		err = res.Err
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return res, finish, err
+}
+
+func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *composerv1.AssignmentInputs, later *func()) (*Result, error) {
 	if p.cfg.CatalogCaughtUp != nil && !p.cfg.CatalogCaughtUp() {
 		// A pass on a partial view would hold modules for want of a
 		// registration, or compose one the catalog no longer has.
@@ -392,6 +428,19 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 			return nil, err
 		}
 	}
+	// One listing of the node's keys by the stream leader serves the compare
+	// (a module key it does not list is absent: no read, and the write is a
+	// Create, which fails should the key appear meanwhile) and the prune. It
+	// needs only the node's name, so it is asked beside the reads.
+	type listing struct {
+		keys []string
+		err  error
+	}
+	listed := make(chan listing, 1)
+	go func() {
+		keys, err := p.cfg.Store.CompositionKeys(ctx, node)
+		listed <- listing{keys, err}
+	}()
 	st, err := p.read(ctx, node)
 	if err != nil {
 		return nil, err
@@ -407,7 +456,9 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	done := func(asg *composerv1.Assignment) (*Result, error) {
 		res.Err = errors.Join(errs...)
 		res.Written, res.Records = st.written, st.records
-		if mode == Write {
+		if mode == Write && later != nil {
+			*later = func() { p.finish(ctx, st, res, asg) }
+		} else if mode == Write {
 			p.finish(ctx, st, res, asg)
 		}
 		return res, nil
@@ -450,16 +501,13 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	sort.Strings(keys)
 	keys = append(keys, names.NodeKey(node))
 
-	// One listing of the node's keys by the stream leader serves the compare
-	// (a module key it does not list is absent: no read, and the write is a
-	// Create, which fails should the key appear meanwhile) and the prune.
-	if listed, err := p.cfg.Store.CompositionKeys(ctx, node); err == nil {
-		st.listed = make(map[string]bool, len(listed))
-		for _, k := range listed {
+	if l := <-listed; l.err == nil {
+		st.listed = make(map[string]bool, len(l.keys))
+		for _, k := range l.keys {
 			st.listed[k] = true
 		}
 	} else {
-		p.cfg.Logger.WarnContext(ctx, "list the node's compositions; reading each", "node", node, "error", err)
+		p.cfg.Logger.WarnContext(ctx, "list the node's compositions; reading each", "node", node, "error", l.err)
 	}
 	work := p.prepare(ctx, node, keys, split.Compositions, st)
 	jc := p.judging(ctx, st, work, manifests)

@@ -431,11 +431,12 @@ func (r *Reconciler) Lead(ctx context.Context) {
 	}()
 	r.fanOut(ctx, "full reconcile on taking the lease", r.Nodes())
 	var wg sync.WaitGroup
+	finishing := make(chan struct{}, r.cfg.Workers)
 	for i := 0; i < r.cfg.Workers; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.work(ctx)
+			r.work(ctx, finishing, &wg)
 		}()
 	}
 	t := time.NewTicker(time.Second)
@@ -489,26 +490,54 @@ func (r *Reconciler) next(ctx context.Context) (string, task, bool) {
 	}
 }
 
-func (r *Reconciler) work(ctx context.Context) {
+func (r *Reconciler) work(ctx context.Context, finishing chan struct{}, wg *sync.WaitGroup) {
 	for {
 		node, t, ok := r.next(ctx)
 		if !ok {
 			return
 		}
-		res, err := r.runOne(ctx, node, t)
-		r.mu.Lock()
-		delete(r.running, node)
-		if again, ok := r.dirty[node]; ok {
-			delete(r.dirty, node)
-			r.pending[node] = again
-			r.queue = append(r.queue, node)
+		res, finish, err := r.runOne(ctx, node, t)
+		if finish == nil {
+			r.done(node, res, err)
+			continue
 		}
-		r.scheduleLocked(node, res, err)
-		r.mu.Unlock()
+		// The assignment is committed: the node's status and prune go on
+		// beside the next node's pass (the node stays running until they
+		// are done), unless as many are going on as there are workers.
 		select {
-		case r.wake <- struct{}{}:
+		case finishing <- struct{}{}:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-finishing }()
+				finish()
+				r.done(node, res, err)
+			}()
 		default:
+			finish()
+			r.done(node, res, err)
 		}
+	}
+}
+
+// done ends a node's pass: the node may be passed over again, and its next
+// visit is scheduled.
+func (r *Reconciler) done(node string, res *pass.Result, err error) {
+	if r.cfg.OnPass != nil {
+		r.cfg.OnPass(node, res, err)
+	}
+	r.mu.Lock()
+	delete(r.running, node)
+	if again, ok := r.dirty[node]; ok {
+		delete(r.dirty, node)
+		r.pending[node] = again
+		r.queue = append(r.queue, node)
+	}
+	r.scheduleLocked(node, res, err)
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -567,7 +596,7 @@ func (r *Reconciler) scheduleLocked(node string, res *pass.Result, err error) {
 	r.nextVisit[node] = next
 }
 
-func (r *Reconciler) runOne(ctx context.Context, node string, t task) (*pass.Result, error) {
+func (r *Reconciler) runOne(ctx context.Context, node string, t task) (*pass.Result, func(), error) {
 	pctx := telemetry.ContextWithTraceparent(ctx, t.traceparent, t.tracestate)
 	if !trace.SpanContextFromContext(pctx).IsValid() {
 		pctx = ctx
@@ -576,11 +605,12 @@ func (r *Reconciler) runOne(ctx context.Context, node string, t task) (*pass.Res
 	_, hasSpec := r.specs[node]
 	r.mu.Unlock()
 	var res *pass.Result
+	var finish func()
 	var err error
 	if !hasSpec {
 		err = r.cfg.Passer.DeleteNode(pctx, node)
 	} else {
-		res, err = r.cfg.Passer.Run(pctx, node, pass.Write, nil)
+		res, finish, err = r.cfg.Passer.RunThenFinish(pctx, node)
 		if errors.Is(err, pass.ErrNoSpec) {
 			err = nil
 		}
@@ -594,8 +624,5 @@ func (r *Reconciler) runOne(ctx context.Context, node string, t task) (*pass.Res
 	case err != nil:
 		r.cfg.Logger.Warn("pass failed", "node", node, "reason", t.reason, "error", err)
 	}
-	if r.cfg.OnPass != nil {
-		r.cfg.OnPass(node, res, err)
-	}
-	return res, err
+	return res, finish, err
 }

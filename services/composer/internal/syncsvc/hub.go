@@ -95,6 +95,10 @@ type Hub struct {
 	// behindSince is when the watch was first seen behind the stream.
 	behindSince time.Time
 	subs        map[string]map[*sub]struct{}
+	// needers indexes the streams by the modules their nodes need (the
+	// union of each sub's needs), so a write wakes only the streams it
+	// can affect without looking at every stream.
+	needers map[string]map[*sub]struct{}
 	// lastSeen is when a stream of the node on this replica was last
 	// heard; haveAt when its haves record was last written, by any
 	// replica (the time this hub saw the write, or the server's time of
@@ -124,6 +128,7 @@ func NewHub(st *store.Store, log *slog.Logger) *Hub {
 	}
 	return &Hub{store: st, log: log, now: time.Now, assignments: map[string]*held{}, haves: map[string]*composerv1.HaveRecord{},
 		running: map[string]map[string]string{}, applied: map[string]map[string]string{}, subs: map[string]map[*sub]struct{}{},
+		needers:  map[string]map[*sub]struct{}{},
 		lastSeen: map[string]time.Time{}, haveAt: map[string]time.Time{}, live: map[string]bool{}, touchTried: map[string]time.Time{},
 		unhealthy: make(chan struct{})}
 }
@@ -469,19 +474,10 @@ func (h *Hub) notifyHeardLocked(node string, modules map[string]bool) {
 	for s := range h.subs[node] {
 		mark(s.heard)
 	}
-	if len(modules) == 0 {
-		return
-	}
-	for n, subs := range h.subs {
-		if n == node {
-			continue
-		}
-		for s := range subs {
-			for m := range s.needs {
-				if modules[m] {
-					mark(s.heard)
-					break
-				}
+	for m := range modules {
+		for s := range h.needers[m] {
+			if s.node != node {
+				mark(s.heard)
 			}
 		}
 	}
@@ -494,8 +490,30 @@ func (h *Hub) setNeeds(s *sub, needs []*typev1.Need) {
 		m[n.GetModule()] = true
 	}
 	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dropNeedsLocked(s)
 	s.needs = m
-	h.mu.Unlock()
+	if _, ok := h.subs[s.node][s]; !ok {
+		// Unsubscribed already: nothing may keep it indexed.
+		return
+	}
+	for mod := range m {
+		if h.needers[mod] == nil {
+			h.needers[mod] = map[*sub]struct{}{}
+		}
+		h.needers[mod][s] = struct{}{}
+	}
+}
+
+// dropNeedsLocked removes a stream from the needers index.
+func (h *Hub) dropNeedsLocked(s *sub) {
+	for mod := range s.needs {
+		delete(h.needers[mod], s)
+		if len(h.needers[mod]) == 0 {
+			delete(h.needers, mod)
+		}
+	}
+	s.needs = nil
 }
 
 // NotifyKeyset tells every stream a newer keyset is available.
@@ -539,6 +557,7 @@ func (h *Hub) unsubscribe(s *sub) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.subs[s.node], s)
+	h.dropNeedsLocked(s)
 	if len(h.subs[s.node]) == 0 {
 		delete(h.subs, s.node)
 	}

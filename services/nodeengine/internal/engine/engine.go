@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -167,6 +168,15 @@ type Engine struct {
 	block  *outcome
 	passes uint64
 
+	// pokes counts Poke calls and answers the entries cache's answers
+	// (each is counted before it wakes Run); lastPokes and lastAnswers are
+	// what the last pass had seen of each. A wake-up of Run with neither
+	// moved since asks for nothing that pass did not take (the answers a
+	// pass waited for wake Run once more), so it is skipped.
+	pokes, answers, lastPokes, lastAnswers atomic.Uint64
+	// answered is signalled at each answer, for a pass waiting for them.
+	answered chan struct{}
+
 	// Reports.
 	haves       []*composerv1.Have
 	reportVer   uint64
@@ -228,7 +238,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		cfg: cfg, log: cfg.Logger.With(slog.String("node", cfg.Node)),
 		tracer: cfg.Tracer.Tracer("mesh.dev/services/nodeengine"),
 		src:    &source{composer: cfg.Composer, catalog: cfg.Catalog, deadline: cfg.FetchDeadline, stall: cfg.FetchStall},
-		poke:   make(chan struct{}, 1), changed: make(chan struct{}),
+		poke:   make(chan struct{}, 1), changed: make(chan struct{}), answered: make(chan struct{}, 1),
 		dirtyEntries: map[string]entries.Row{}, dirtyWants: map[string]bool{}, said: map[string]bool{},
 		compCache: map[string]*verified{}, attempts: map[string]*composerv1.Attempt{}, notes: map[string][]string{},
 		keptEntries: map[string]bool{}, appliedComps: map[string]*typev1.Composition{},
@@ -253,7 +263,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	}
 	e.cache = entries.New(entries.Config{
 		Catalog: catalog, Deadline: cfg.EntryDeadline, BackoffBase: cfg.EntryBackoffBase, BackoffMax: cfg.EntryBackoffMax,
-		Now: cfg.Now, Keep: e.keepEntry, Poke: e.Poke, Logger: e.log,
+		Now: cfg.Now, Keep: e.keepEntry, Poke: e.entryAnswered, Logger: e.log,
 	})
 	now := cfg.Now()
 	for fp, k := range kept.Entries {
@@ -354,6 +364,22 @@ func (e *Engine) Node() string { return e.cfg.Node }
 
 // Poke asks for a pass.
 func (e *Engine) Poke() {
+	e.pokes.Add(1)
+	e.wake()
+}
+
+// entryAnswered is told of each answer of the entries cache, once its row
+// shows it: it asks for a pass, and wakes a pass waiting for answers.
+func (e *Engine) entryAnswered() {
+	e.answers.Add(1)
+	select {
+	case e.answered <- struct{}{}:
+	default:
+	}
+	e.wake()
+}
+
+func (e *Engine) wake() {
 	select {
 	case e.poke <- struct{}{}:
 	default:
@@ -374,12 +400,18 @@ func (e *Engine) Run(ctx context.Context) error {
 	failed := 0
 	e.Poke()
 	for {
+		woken := false
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-e.poke:
+			woken = true
 		case <-t.C:
 		case <-retry.C:
+		}
+		if woken && e.pokes.Load() == e.lastPokes.Load() && e.answers.Load() == e.lastAnswers.Load() {
+			// Only answers the last pass already took woke it.
+			continue
 		}
 		e.Pass(ctx)
 		fetches := e.failedFetches()

@@ -24,6 +24,7 @@ import (
 	nodeenginev1 "mesh.dev/proto/mesh/nodeengine/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 	"mesh.dev/services/nodeengine/internal/apply"
+	"mesh.dev/services/nodeengine/internal/entries"
 	"mesh.dev/services/nodeengine/internal/picture"
 	"mesh.dev/services/nodeengine/internal/state"
 )
@@ -68,6 +69,8 @@ func staleErr(err error) bool {
 func (e *Engine) Pass(ctx context.Context) {
 	e.passMu.Lock()
 	defer e.passMu.Unlock()
+	// Before anything is taken: a Poke after this asks for the next pass.
+	pokes := e.pokes.Load()
 	now := e.cfg.Now()
 
 	e.retryPending(ctx)
@@ -91,6 +94,15 @@ func (e *Engine) Pass(ctx context.Context) {
 
 	needed := picture.Needed(wants, heard)
 	e.need(ctx, needed)
+	if lv != nil {
+		e.waitFirstAnswers(ctx, wants)
+	}
+	// Answers counted by now show in the rows the picture reads.
+	answers := e.answers.Load()
+	defer func() {
+		e.lastPokes.Store(pokes)
+		e.lastAnswers.Store(answers)
+	}()
 	pic := picture.Lay(e.cfg.Node, wants, heard, e.lookupEntry)
 	holds := picture.Holds(e.cfg.Node, wants, pic, e.lookupEntry)
 
@@ -908,4 +920,47 @@ func haveSetEqual(a, b []*composerv1.Have) bool {
 		}
 	}
 	return true
+}
+
+// EntryWait bounds how long a pass waits for the first answers of the
+// entries its live manifest's wants name: the catalog answers in
+// milliseconds, and a module whose entry is not answered is held
+// (ENTRY_ASKED), so without the wait a new fingerprint costs a pass that
+// holds it and another that applies it once the answer comes.
+const EntryWait = time.Second
+
+// waitFirstAnswers waits, up to EntryWait, while an entry a want names is
+// asked for the first time (no failure yet: one that failed is re-asked
+// with backoff, and the module is held meanwhile, as before).
+func (e *Engine) waitFirstAnswers(ctx context.Context, wants []*typev1.Want) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		asked := false
+		for _, w := range wants {
+			if fp := w.GetFingerprint(); fp != "" {
+				if r, ok := e.cache.Get(fp); ok && r.State == entries.Asked && r.Error == "" {
+					asked = true
+					break
+				}
+			}
+		}
+		if !asked {
+			return
+		}
+		if timer == nil {
+			timer = time.NewTimer(EntryWait)
+		}
+		select {
+		case <-e.answered:
+		case <-timer.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }

@@ -47,6 +47,10 @@ type Checker struct {
 
 	mu    sync.Mutex
 	cache map[string]*released
+	// asking holds the lookups in flight: requests arriving together for a
+	// fingerprint not cached yet (every batch of a fleet-wide change) wait
+	// for one lookup instead of each asking the catalog.
+	asking map[string]*lookupCall
 	// maxCache bounds the cache; when full it is cleared (entries are cheap
 	// to ask again, and a bound matters more than a perfect policy here).
 	maxCache int
@@ -56,19 +60,54 @@ var _ service.Checker = (*Checker)(nil)
 
 // New returns a Checker.
 func New(catalog Catalog) *Checker {
-	return &Checker{catalog: catalog, cache: map[string]*released{}, maxCache: 10000}
+	return &Checker{catalog: catalog, cache: map[string]*released{}, asking: map[string]*lookupCall{}, maxCache: 10000}
 }
 
 // errRefused marks a composition or want the catalog does not back.
 var errRefused = errors.New("not released")
 
+// lookupCall is a lookup in flight; done is closed once r or err is set.
+type lookupCall struct {
+	done chan struct{}
+	r    *released
+	err  error
+}
+
 func (c *Checker) lookup(ctx context.Context, fp string) (*released, error) {
 	c.mu.Lock()
 	r, ok := c.cache[fp]
-	c.mu.Unlock()
 	if ok {
+		c.mu.Unlock()
 		return r, nil
 	}
+	if call, ok := c.asking[fp]; ok {
+		c.mu.Unlock()
+		select {
+		case <-call.done:
+			if call.err == nil {
+				return call.r, nil
+			}
+			// It failed, maybe only for its caller (a deadline): ask
+			// again for this one.
+			return c.fetch(ctx, fp)
+		case <-ctx.Done():
+			return nil, catalogErr("entry", fp, ctx.Err())
+		}
+	}
+	call := &lookupCall{done: make(chan struct{})}
+	c.asking[fp] = call
+	c.mu.Unlock()
+	call.r, call.err = c.fetch(ctx, fp)
+	c.mu.Lock()
+	delete(c.asking, fp)
+	c.mu.Unlock()
+	close(call.done)
+	return call.r, call.err
+}
+
+// fetch asks the catalog for a fingerprint's entry and build, and caches
+// them once both show it released.
+func (c *Checker) fetch(ctx context.Context, fp string) (*released, error) {
 	er, err := c.catalog.GetEntry(ctx, &catalogv1.GetEntryRequest{Fingerprint: fp})
 	if err != nil {
 		return nil, catalogErr("entry", fp, err)
@@ -91,7 +130,7 @@ func (c *Checker) lookup(ctx context.Context, fp string) (*released, error) {
 	if err := canonical.Decode(entry.GetManifest(), manifest); err != nil {
 		return nil, fmt.Errorf("%w: entry %s: %v", errRefused, fp, err)
 	}
-	r = &released{module: entry.GetModule(), resources: map[string]typev1.ResourceType{}, refs: map[string]bool{},
+	r := &released{module: entry.GetModule(), resources: map[string]typev1.ResourceType{}, refs: map[string]bool{},
 		artifacts: br.GetBuild().GetArtifacts(), dataPaths: slices.Sorted(slices.Values(manifest.GetDataPaths()))}
 	for _, res := range manifest.GetResources() {
 		r.resources[names.ResourceID(entry.GetModule(), res.GetName())] = res.GetType()
