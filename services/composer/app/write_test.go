@@ -84,9 +84,11 @@ func TestObjects(t *testing.T) {
 		t.Errorf("moved to the object store: %v, want %v", moved, want)
 	}
 
-	// A file over 64 KiB moves even when the composition would fit.
+	// A file over 64 KiB moves even when the composition would fit; one
+	// of exactly 64 KiB is not over the limit and stays inline.
 	alone := ct.Spec("bob")
-	alone.Resources = []*typev1.Resource{inline("local:big", "/etc/big", big)}
+	exact := fill(lint.MaxInlineContent, 'e')
+	alone.Resources = []*typev1.Resource{inline("local:big", "/etc/big", big), inline("local:exact", "/etc/exact", exact)}
 	c.PutNode(t, alone)
 	if res := c.Pass(t, "bob"); res.Err != nil {
 		t.Fatal(res.Err)
@@ -97,6 +99,9 @@ func TestObjects(t *testing.T) {
 	ct.Must(t, err)
 	if o := comp.GetResources()[0].GetObject(); o.GetDigest() != names.Digest(big) {
 		t.Errorf("a %d-byte file stayed inline", len(big))
+	}
+	if r := comp.GetResources()[1]; r.GetObject() != nil || !bytes.Equal(r.GetInline(), exact) {
+		t.Errorf("a file of exactly %d bytes (not over the limit) left the composition: %v", len(exact), r.GetObject())
 	}
 }
 
