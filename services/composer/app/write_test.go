@@ -145,6 +145,26 @@ func TestObjectsNotHeld(t *testing.T) {
 			t.Errorf("wrote %v", got)
 		}
 	})
+	t.Run("an own resource naming a held object at another size", func(t *testing.T) {
+		t.Parallel()
+		w := ct.New(t)
+		c := w.StartManual(t, "one")
+		blob := []byte("held bytes")
+		digest := names.Digest(blob)
+		corrupt(t, w, digest, blob) // the very bytes of the digest, put by another writer
+		spec := ct.Spec("ace")
+		spec.Resources = []*typev1.Resource{{Id: "local:blob", Type: ct.File, Path: "/etc/blob", Content: &typev1.Resource_Object{Object: &typev1.ObjectRef{Digest: digest, Size: int64(len(blob)) + 1}}}}
+		c.PutNode(t, spec)
+		rec := w.RecordWrites(t, natsx.BucketCompositions, natsx.BucketAssignments)
+		res := c.Pass(t, "ace")
+		want := fmt.Sprintf("ace.node: resource local:blob: object %s of node ace is not held (the object store holds %d bytes, the resource says %d); not written", digest, len(blob), len(blob)+1)
+		if res.Err == nil || res.Err.Error() != want {
+			t.Fatalf("pass error:\n%v\nwant:\n%s", res.Err, want)
+		}
+		if got := rec.All(); len(got) != 0 {
+			t.Errorf("wrote %v", got)
+		}
+	})
 	t.Run("the object store unusable", func(t *testing.T) {
 		t.Parallel()
 		w := ct.New(t)
