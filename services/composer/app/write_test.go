@@ -528,3 +528,37 @@ func TestObjectSweep(t *testing.T) {
 		t.Errorf("deleted %d; named %v touched %v", n, has(named), has(touched))
 	}
 }
+
+// TestSigningBatched covers DESIGN.md §5.2 step 3: every composition of a
+// node that differs is signed in one batch — one SignCompositions request
+// naming them all, not one request per composition.
+func TestSigningBatched(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartManual(t, "one")
+	sshdFP := w.Release(t, ct.SSHD("1.0", ""), nil)
+	motdFP := w.Release(t, ct.Motd("1.0"), nil)
+	waitFingerprint(t, c, "sshd", sshdFP)
+	waitFingerprint(t, c, "motd", motdFP)
+	c.PutNode(t, ct.Spec("ace", "sshd", "motd"))
+	before := len(auditLines(t, w))
+	if res := c.Pass(t, "ace"); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	var requests [][]string
+	for _, r := range auditLines(t, w)[before:] {
+		if r.Method != "SignCompositions" {
+			continue
+		}
+		var keys []string
+		for _, it := range r.Items {
+			keys = append(keys, it.Key)
+		}
+		slices.Sort(keys)
+		requests = append(requests, keys)
+	}
+	want := []string{"ace.motd." + names.FingerprintHex(motdFP), "ace.node", "ace.sshd." + names.FingerprintHex(sshdFP)}
+	if len(requests) != 1 || !slices.Equal(requests[0], want) {
+		t.Errorf("SignCompositions requests of the pass: %v; want one naming %v", requests, want)
+	}
+}
