@@ -562,3 +562,28 @@ func TestSigningBatched(t *testing.T) {
 		t.Errorf("SignCompositions requests of the pass: %v; want one naming %v", requests, want)
 	}
 }
+
+// TestOwnWrittenLast covers the order of DESIGN.md §5.2 step 6: the
+// modules' compositions are written first and the node's own last, so a
+// node's own composition is never written before the modules' of its pass.
+func TestOwnWrittenLast(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartManual(t, "one")
+	sshdFP := w.Release(t, ct.SSHD("1.0", ""), nil)
+	motdFP := w.Release(t, ct.Motd("1.0"), nil)
+	waitFingerprint(t, c, "sshd", sshdFP)
+	waitFingerprint(t, c, "motd", motdFP)
+	c.PutNode(t, ct.Spec("ace", "sshd", "motd"))
+	rec := w.RecordWrites(t, natsx.BucketCompositions)
+	if res := c.Pass(t, "ace"); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	var keys []string
+	for _, wr := range rec.All() {
+		keys = append(keys, wr.Key)
+	}
+	if len(keys) != 3 || keys[2] != "ace.node" {
+		t.Errorf("compositions written in the order %v; want both modules' and then ace.node", keys)
+	}
+}
