@@ -587,3 +587,52 @@ func TestOwnWrittenLast(t *testing.T) {
 		t.Errorf("compositions written in the order %v; want both modules' and then ace.node", keys)
 	}
 }
+
+// TestObjectSweepNamedAgain covers the mark of DESIGN.md §5.2 step 8: an
+// object a composition names again loses its mark, so once unnamed again
+// its grace starts over instead of counting from the first mark.
+func TestObjectSweepNamedAgain(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartManual(t, "one")
+	big := fill(lint.MaxInlineContent+1, 'a')
+	digest := names.Digest(big)
+	spec := ct.Spec("ace")
+	setNamed := func(named bool) {
+		t.Helper()
+		spec.Resources = nil
+		if named {
+			spec.Resources = []*typev1.Resource{inline("local:big", "/etc/big", big)}
+		}
+		c.PutNode(t, spec)
+		if res := c.Pass(t, "ace"); res.Err != nil {
+			t.Fatal(res.Err)
+		}
+	}
+	ctx := context.Background()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	s := objects.New(c.Store, objects.DefaultGrace, nil, func() time.Time { return now })
+	sweep := func() int {
+		t.Helper()
+		n, err := s.Sweep(ctx)
+		ct.Must(t, err)
+		return n
+	}
+	setNamed(true)
+	setNamed(false)
+	sweep() // marked, unnamed
+	setNamed(true)
+	now = now.Add(time.Hour)
+	sweep() // named again: the mark goes
+	setNamed(false)
+	now = now.Add(22 * time.Hour)
+	sweep() // unnamed again: a new mark
+	now = now.Add(2 * time.Hour)
+	// 25 h after the first mark, 2 h after the new one.
+	if n := sweep(); n != 0 {
+		t.Errorf("the sweep deleted %d objects 2 h after the object was unnamed again", n)
+	}
+	if _, err := c.Store.Objects.GetInfo(ctx, digest); err != nil {
+		t.Errorf("the object is gone: %v", err)
+	}
+}
