@@ -243,6 +243,12 @@ func TestPoliciesAndApprovals(t *testing.T) {
 	if strings.Join(held, ",") != "n-auto,n-manual,n-pinned" {
 		t.Errorf("ListHolds: %v", holds.GetNodes())
 	}
+	// Asked for one node, ListHolds names only that node.
+	one, err := op.ListHolds(context.Background(), &composerv1.ListHoldsRequest{Node: "n-manual"})
+	ct.Must(t, err)
+	if len(one.GetNodes()) != 1 || one.GetNodes()[0].GetNode() != "n-manual" || len(one.GetNodes()[0].GetHolds()) == 0 {
+		t.Errorf("ListHolds of n-manual: %v", one.GetNodes())
+	}
 	// The DATA move is approved: bound to the module and digests a plan
 	// showed, optionally a selector.
 	approve := func(module string, digests []string, sel map[string]string) {

@@ -253,3 +253,20 @@ func applyAll(t testing.TB, w *ct.World, a *composerv1.Assignment) {
 	}
 	w.Put(t, natsx.BucketHaves, a.GetNode(), rec)
 }
+
+// TestPutNodeValidated covers the validation of node specs: PutNode refuses
+// an invalid spec with InvalidArgument naming the field, and stores nothing.
+func TestPutNodeValidated(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartManual(t, "one")
+	op := c.Operator(t)
+	twice := ct.Spec("ace", "motd", "motd")
+	_, err := op.PutNode(context.Background(), &composerv1.PutNodeRequest{Spec: twice})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "spec.modules[1].module: motd is placed twice") {
+		t.Fatalf("PutNode of a spec placing motd twice: %v", err)
+	}
+	if _, err := op.GetNode(context.Background(), &composerv1.GetNodeRequest{Node: "ace"}); status.Code(err) != codes.NotFound {
+		t.Errorf("GetNode after a refused PutNode: %v, want NotFound", err)
+	}
+}

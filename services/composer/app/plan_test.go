@@ -91,6 +91,21 @@ func TestPlanApply(t *testing.T) {
 	if _, err := op.Apply(ctx, &composerv1.ApplyRequest{Nodes: []*composerv1.NodePlan{{Node: "ace"}}}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("Apply without inputs: %v", err)
 	}
+	// The node's haves move after a plan (its engine reported): the plan is
+	// stale and nothing of it is applied.
+	fresh := mustPlan(t, op, "ace")
+	asgBefore, asgRev, err := w.Assignment(t, "ace")
+	ct.Must(t, err)
+	w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", ReportSeq: 1,
+		Applied: &composerv1.ManifestRef{Revision: asgBefore.GetManifestRevision(), Digest: asgBefore.GetManifestDigest()}, HighWater: asgBefore.GetManifestRevision()})
+	movedHaves, err := op.Apply(ctx, &composerv1.ApplyRequest{Nodes: fresh})
+	ct.Must(t, err)
+	if len(movedHaves.GetApplied()) != 0 || len(movedHaves.GetStale()) != 1 || !strings.Contains(movedHaves.GetStale()[0].GetReason(), "haves r0") {
+		t.Errorf("Apply after the haves moved: %v", movedHaves)
+	}
+	if _, rev, _ := w.Assignment(t, "ace"); rev != asgRev {
+		t.Errorf("a stale plan rewrote the assignment (r%d → r%d)", asgRev, rev)
+	}
 
 	t.Run("an approval the plan counted on is revoked", func(t *testing.T) {
 		s := ct.Spec("ace", "motd")

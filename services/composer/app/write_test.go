@@ -84,9 +84,11 @@ func TestObjects(t *testing.T) {
 		t.Errorf("moved to the object store: %v, want %v", moved, want)
 	}
 
-	// A file over 64 KiB moves even when the composition would fit.
+	// A file over 64 KiB moves even when the composition would fit; one
+	// of exactly 64 KiB is not over the limit and stays inline.
 	alone := ct.Spec("bob")
-	alone.Resources = []*typev1.Resource{inline("local:big", "/etc/big", big)}
+	exact := fill(lint.MaxInlineContent, 'e')
+	alone.Resources = []*typev1.Resource{inline("local:big", "/etc/big", big), inline("local:exact", "/etc/exact", exact)}
 	c.PutNode(t, alone)
 	if res := c.Pass(t, "bob"); res.Err != nil {
 		t.Fatal(res.Err)
@@ -97,6 +99,9 @@ func TestObjects(t *testing.T) {
 	ct.Must(t, err)
 	if o := comp.GetResources()[0].GetObject(); o.GetDigest() != names.Digest(big) {
 		t.Errorf("a %d-byte file stayed inline", len(big))
+	}
+	if r := comp.GetResources()[1]; r.GetObject() != nil || !bytes.Equal(r.GetInline(), exact) {
+		t.Errorf("a file of exactly %d bytes (not over the limit) left the composition: %v", len(exact), r.GetObject())
 	}
 }
 
@@ -133,6 +138,26 @@ func TestObjectsNotHeld(t *testing.T) {
 		rec := w.RecordWrites(t, natsx.BucketCompositions, natsx.BucketAssignments)
 		res := c.Pass(t, "ace")
 		want := "ace.node: resource local:blob: object " + digest + " of node ace is not held (the object store holds no such object); not written"
+		if res.Err == nil || res.Err.Error() != want {
+			t.Fatalf("pass error:\n%v\nwant:\n%s", res.Err, want)
+		}
+		if got := rec.All(); len(got) != 0 {
+			t.Errorf("wrote %v", got)
+		}
+	})
+	t.Run("an own resource naming a held object at another size", func(t *testing.T) {
+		t.Parallel()
+		w := ct.New(t)
+		c := w.StartManual(t, "one")
+		blob := []byte("held bytes")
+		digest := names.Digest(blob)
+		corrupt(t, w, digest, blob) // the very bytes of the digest, put by another writer
+		spec := ct.Spec("ace")
+		spec.Resources = []*typev1.Resource{{Id: "local:blob", Type: ct.File, Path: "/etc/blob", Content: &typev1.Resource_Object{Object: &typev1.ObjectRef{Digest: digest, Size: int64(len(blob)) + 1}}}}
+		c.PutNode(t, spec)
+		rec := w.RecordWrites(t, natsx.BucketCompositions, natsx.BucketAssignments)
+		res := c.Pass(t, "ace")
+		want := fmt.Sprintf("ace.node: resource local:blob: object %s of node ace is not held (the object store holds %d bytes, the resource says %d); not written", digest, len(blob), len(blob)+1)
 		if res.Err == nil || res.Err.Error() != want {
 			t.Fatalf("pass error:\n%v\nwant:\n%s", res.Err, want)
 		}
@@ -501,5 +526,113 @@ func TestObjectSweep(t *testing.T) {
 	now = now.Add(objects.DefaultGrace)
 	if n := sweep(); n != 2 || has(named) || has(touched) {
 		t.Errorf("deleted %d; named %v touched %v", n, has(named), has(touched))
+	}
+}
+
+// TestSigningBatched covers DESIGN.md §5.2 step 3: every composition of a
+// node that differs is signed in one batch — one SignCompositions request
+// naming them all, not one request per composition.
+func TestSigningBatched(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartManual(t, "one")
+	sshdFP := w.Release(t, ct.SSHD("1.0", ""), nil)
+	motdFP := w.Release(t, ct.Motd("1.0"), nil)
+	waitFingerprint(t, c, "sshd", sshdFP)
+	waitFingerprint(t, c, "motd", motdFP)
+	c.PutNode(t, ct.Spec("ace", "sshd", "motd"))
+	before := len(auditLines(t, w))
+	if res := c.Pass(t, "ace"); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	var requests [][]string
+	for _, r := range auditLines(t, w)[before:] {
+		if r.Method != "SignCompositions" {
+			continue
+		}
+		var keys []string
+		for _, it := range r.Items {
+			keys = append(keys, it.Key)
+		}
+		slices.Sort(keys)
+		requests = append(requests, keys)
+	}
+	want := []string{"ace.motd." + names.FingerprintHex(motdFP), "ace.node", "ace.sshd." + names.FingerprintHex(sshdFP)}
+	if len(requests) != 1 || !slices.Equal(requests[0], want) {
+		t.Errorf("SignCompositions requests of the pass: %v; want one naming %v", requests, want)
+	}
+}
+
+// TestOwnWrittenLast covers the order of DESIGN.md §5.2 step 6: the
+// modules' compositions are written first and the node's own last, so a
+// node's own composition is never written before the modules' of its pass.
+func TestOwnWrittenLast(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartManual(t, "one")
+	sshdFP := w.Release(t, ct.SSHD("1.0", ""), nil)
+	motdFP := w.Release(t, ct.Motd("1.0"), nil)
+	waitFingerprint(t, c, "sshd", sshdFP)
+	waitFingerprint(t, c, "motd", motdFP)
+	c.PutNode(t, ct.Spec("ace", "sshd", "motd"))
+	rec := w.RecordWrites(t, natsx.BucketCompositions)
+	if res := c.Pass(t, "ace"); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	var keys []string
+	for _, wr := range rec.All() {
+		keys = append(keys, wr.Key)
+	}
+	if len(keys) != 3 || keys[2] != "ace.node" {
+		t.Errorf("compositions written in the order %v; want both modules' and then ace.node", keys)
+	}
+}
+
+// TestObjectSweepNamedAgain covers the mark of DESIGN.md §5.2 step 8: an
+// object a composition names again loses its mark, so once unnamed again
+// its grace starts over instead of counting from the first mark.
+func TestObjectSweepNamedAgain(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartManual(t, "one")
+	big := fill(lint.MaxInlineContent+1, 'a')
+	digest := names.Digest(big)
+	spec := ct.Spec("ace")
+	setNamed := func(named bool) {
+		t.Helper()
+		spec.Resources = nil
+		if named {
+			spec.Resources = []*typev1.Resource{inline("local:big", "/etc/big", big)}
+		}
+		c.PutNode(t, spec)
+		if res := c.Pass(t, "ace"); res.Err != nil {
+			t.Fatal(res.Err)
+		}
+	}
+	ctx := context.Background()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	s := objects.New(c.Store, objects.DefaultGrace, nil, func() time.Time { return now })
+	sweep := func() int {
+		t.Helper()
+		n, err := s.Sweep(ctx)
+		ct.Must(t, err)
+		return n
+	}
+	setNamed(true)
+	setNamed(false)
+	sweep() // marked, unnamed
+	setNamed(true)
+	now = now.Add(time.Hour)
+	sweep() // named again: the mark goes
+	setNamed(false)
+	now = now.Add(22 * time.Hour)
+	sweep() // unnamed again: a new mark
+	now = now.Add(2 * time.Hour)
+	// 25 h after the first mark, 2 h after the new one.
+	if n := sweep(); n != 0 {
+		t.Errorf("the sweep deleted %d objects 2 h after the object was unnamed again", n)
+	}
+	if _, err := c.Store.Objects.GetInfo(ctx, digest); err != nil {
+		t.Errorf("the object is gone: %v", err)
 	}
 }

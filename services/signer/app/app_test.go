@@ -140,6 +140,12 @@ func TestRefusedBatchSignsNothing(t *testing.T) {
 	outsideFilled.Filled = []string{"/root/.ssh/authorized_keys"}
 	failFP := w.catalog.Release(sshdManifest("motd"), catalogv1.BuildState_BUILD_STATE_DONE, catalogv1.Verdict_VERDICT_FAIL)
 	pendingFP := w.catalog.Release(sshdManifest("ntp"), catalogv1.BuildState_BUILD_STATE_PENDING, catalogv1.Verdict_VERDICT_PASS)
+	// An entry that is not the one its fingerprint names: same resources,
+	// another manifest.
+	otherFP, _ := w.release("vpn")
+	otherManifest := sshdManifest("vpn")
+	otherManifest.Version = "9.9.9"
+	w.catalog.SetManifest(otherFP, otherManifest)
 
 	cases := []struct {
 		name     string
@@ -154,6 +160,7 @@ func TestRefusedBatchSignsNothing(t *testing.T) {
 		{"unknown fingerprint", moduleComposition("ace", "sshd", unreleased, 100), codes.FailedPrecondition, []string{"no entry of " + unreleased}},
 		{"verdict FAIL", moduleComposition("ace", "motd", failFP, 100), codes.FailedPrecondition, []string{"verdict FAIL"}},
 		{"build not DONE", moduleComposition("ace", "ntp", pendingFP, 100), codes.FailedPrecondition, []string{"not DONE"}},
+		{"entry not recomputing to its fingerprint", moduleComposition("ace", "vpn", otherFP, 100), codes.FailedPrecondition, []string{"entry of " + otherFP + " recomputes to"}},
 		{"entry of another module", moduleComposition("ace", "motd", fp, 100), codes.FailedPrecondition, []string{"entry of module \"sshd\""}},
 		{"own path outside the prefixes", outside, codes.FailedPrecondition, []string{"/etc/shadow", "outside the own prefixes"}},
 		{"own filled path outside the prefixes", outsideFilled, codes.FailedPrecondition, []string{"filled[0]", "outside the own prefixes"}},

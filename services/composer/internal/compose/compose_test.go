@@ -305,6 +305,8 @@ func TestJudge(t *testing.T) {
 		{"adds and removes is CHANGES", comp("db", b), Applied{Module: comp("db", a), ModuleDigest: "D1"}, composerv1.Judgement_JUDGEMENT_CHANGES, false, "adds /etc/b; removes /etc/a", "D1"},
 		{"DATA", comp("db", a, data), Applied{Module: comp("db", a), ModuleDigest: "D1"}, composerv1.Judgement_JUDGEMENT_DATA, false, "touches data path /var/lib/db", "D1"},
 		{"user list only", comp("db", a, users2), Applied{Module: comp("db", a, users), ModuleDigest: "D1"}, composerv1.Judgement_JUDGEMENT_CHANGES, true, "changes /etc/users (content)", "D1"},
+		{"a file becoming a user list is not user list only", comp("db", a, users2), Applied{Module: comp("db", a, res("db:users", "db", "/etc/users")), ModuleDigest: "D1"},
+			composerv1.Judgement_JUDGEMENT_CHANGES, false, "changes /etc/users (", "D1"},
 		{"data path added, resources the same", withData(comp("db", a), "/var/lib/db", "/var/lib/db2"), Applied{Module: comp("db", a), ModuleDigest: "D1"},
 			composerv1.Judgement_JUDGEMENT_DATA, false, "data paths: adds /var/lib/db2", "D1"},
 		{"data path dropped, resources the same", withData(comp("db", a, data)), Applied{Module: comp("db", a, data), ModuleDigest: "D1"},

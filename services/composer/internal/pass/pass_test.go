@@ -832,3 +832,41 @@ func TestUnchangedPassReadsNoComposition(t *testing.T) {
 		t.Errorf("an unchanged pass read %d compositions", n)
 	}
 }
+
+// TestCommitOneCAS covers the commit point of DESIGN.md §5.2 step 7: one
+// CAS of the assignment per node per pass, at the revision the pass read.
+// Another writer's assignment between the read and the commit fails the
+// pass: it is not retried over, and it stays.
+func TestCommitOneCAS(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	v2 := s.w.Release(t, ct.Motd("2.0"), nil)
+	ct.WaitFor(t, "v2 seen", 10*time.Second, func() (bool, string) {
+		r, _ := s.c.View.Registration("motd")
+		return r.GetFingerprint() == v2, "not yet"
+	})
+	asgs := s.w.KV(t, natsx.BucketAssignments)
+	held, err := asgs.Get(context.Background(), "ace")
+	ct.Must(t, err)
+	var other uint64
+	pass.SetHooks(s.c.Passer, pass.Hooks{BeforeCommit: func(node string) {
+		if node == "ace" && other == 0 {
+			// Another writer: the same bytes again, at a new revision.
+			rev, err := asgs.Put(context.Background(), "ace", held.Value)
+			ct.Must(t, err)
+			other = rev
+		}
+	}})
+	rec := s.w.RecordWrites(t, natsx.BucketAssignments)
+	res := s.c.Pass(t, "ace")
+	want := fmt.Sprintf("ace: commit assignment at revision %d: ", held.Revision)
+	if res.Err == nil || !strings.Contains(res.Err.Error(), want) || res.Committed {
+		t.Fatalf("pass: committed %v, error %v; want %q", res.Committed, res.Err, want)
+	}
+	if got := rec.All(); len(got) != 1 || got[0].Revision != other {
+		t.Errorf("assignment writes %v; want only the other writer's r%d", got, other)
+	}
+	if now, err := asgs.Get(context.Background(), "ace"); err != nil || now.Revision != other {
+		t.Errorf("the assignment is at %v (%v); want the other writer's r%d left alone", now, err, other)
+	}
+}
