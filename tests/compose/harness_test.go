@@ -219,6 +219,7 @@ func eventually(t *testing.T, what string, timeout time.Duration, cond func() er
 	deadline := time.Now().Add(timeout)
 	start := time.Now()
 	var err error
+	said := start
 	for {
 		if err = cond(); err == nil {
 			t.Logf("%s after %s", what, time.Since(start).Round(100*time.Millisecond))
@@ -226,6 +227,11 @@ func eventually(t *testing.T, what string, timeout time.Duration, cond func() er
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: not within %s: %v", what, timeout, err)
+		}
+		// A long wait leaves a trail: what it still waits for, every 30 s.
+		if time.Since(said) >= 30*time.Second {
+			t.Logf("%s: still waiting after %s: %v", what, time.Since(start).Round(time.Second), err)
+			said = time.Now()
 		}
 		time.Sleep(time.Second)
 	}
