@@ -28,3 +28,9 @@ func SetNow(p *Passer, now func() time.Time) { p.cfg.Now = now }
 func Prune(ctx context.Context, p *Passer, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord) error {
 	return p.prune(ctx, node, asg, &nodeState{haves: haves})
 }
+
+// PutStatus writes a node's status as a pass's finish does, given the
+// haves the pass read at its start.
+func PutStatus(ctx context.Context, p *Passer, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord) error {
+	return p.putStatus(ctx, node, asg, haves, nil)
+}

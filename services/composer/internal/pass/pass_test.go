@@ -870,3 +870,34 @@ func TestCommitOneCAS(t *testing.T) {
 		t.Errorf("the assignment is at %v (%v); want the other writer's r%d left alone", now, err, other)
 	}
 }
+
+// TestStatusFromTheHavesAfterIt: the engine reports while a pass runs (it
+// applies the assignment the pass just committed before the pass's status
+// is written). The status the pass writes is built from the haves record
+// as it is when the status is written, not from the haves the pass read at
+// its start: otherwise it would say the node applied nothing until the
+// engine's next report.
+func TestStatusFromTheHavesAfterIt(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	ctx := context.Background()
+	asg, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	var haves []*composerv1.Have
+	for _, w := range asg.GetWants() {
+		haves = append(haves, &composerv1.Have{Module: w.GetModule(),
+			Applied: &composerv1.AppliedRef{Fingerprint: w.GetFingerprint(), Key: w.GetCompositionKey(), Digest: w.GetCompositionDigest()}})
+	}
+	s.w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", ReportSeq: 2, Haves: haves,
+		Applied: &composerv1.ManifestRef{Revision: asg.GetManifestRevision(), Digest: asg.GetManifestDigest()}})
+	stale := &composerv1.HaveRecord{Node: "ace", ReportSeq: 1}
+	ct.Must(t, pass.PutStatus(ctx, s.c.Passer, "ace", asg, stale))
+	st := &composerv1.NodeStatus{}
+	if _, err := s.w.Get(t, natsx.BucketStatus, "ace", st); err != nil {
+		t.Fatal(err)
+	}
+	if !st.GetConverged() || st.GetAppliedRevision() != asg.GetManifestRevision() {
+		t.Errorf("status built from the haves the pass read at its start: converged %v, applied r%d (the engine reports r%d)",
+			st.GetConverged(), st.GetAppliedRevision(), asg.GetManifestRevision())
+	}
+}

@@ -3,6 +3,7 @@ package pass
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -100,22 +101,49 @@ func (p *Passer) writeStatus(ctx context.Context, st *nodeState, res *Result, as
 	return p.putStatus(ctx, res.Node, asg, st.haves, errors.Join(append([]error{res.Err}, st.problems...)...))
 }
 
+// statusAttempts bounds the CAS attempts of one status write; another
+// writer moving the key each time means statuses are being written from
+// fresher haves anyway.
+const statusAttempts = 3
+
+// putStatus writes a node's status from its assignment and the haves
+// record read after the status it replaces (haves is what the caller read
+// before, used only when the record cannot be read now), by CAS. The engine
+// reports while a pass runs: a status built from the haves the pass read
+// at its start, written after a have report's refresh, would say the node
+// applied nothing until its next report.
 func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, lastErr error) error {
-	prev, _, err := p.cfg.Store.NodeStatus(ctx, node)
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		prev = nil
+	var err error
+	for range statusAttempts {
+		prev, prevRev, perr := p.cfg.Store.NodeStatus(ctx, node)
+		if perr != nil && !errors.Is(perr, store.ErrNotFound) {
+			if prevRev == 0 {
+				return fmt.Errorf("read status of %s: %w", node, perr)
+			}
+			prev = nil // does not decode: replaced
+		}
+		now, _, herr := p.cfg.Store.Have(ctx, node)
+		switch {
+		case herr == nil:
+			haves = now
+		case errors.Is(herr, store.ErrNotFound):
+			haves = nil
+		}
+		var seen time.Time
+		if p.cfg.LastSeen != nil {
+			seen = p.cfg.LastSeen(node)
+		}
+		at := p.cfg.Now()
+		next := BuildStatus(node, asg, haves, lastErr, prev, seen, at)
+		if sameStatus(prev, next) {
+			return nil
+		}
+		next.UpdatedAt = timestamppb.New(at)
+		if _, err = p.cfg.Store.WriteStatus(ctx, next, prevRev); !errors.Is(err, store.ErrConflict) {
+			return err
+		}
 	}
-	var seen time.Time
-	if p.cfg.LastSeen != nil {
-		seen = p.cfg.LastSeen(node)
-	}
-	now := p.cfg.Now()
-	next := BuildStatus(node, asg, haves, lastErr, prev, seen, now)
-	if sameStatus(prev, next) {
-		return nil
-	}
-	next.UpdatedAt = timestamppb.New(now)
-	return p.cfg.Store.PutStatus(ctx, next)
+	return fmt.Errorf("status of %s: %w", node, err)
 }
 
 // RefreshStatus rewrites a node's status from its assignment and haves
@@ -126,16 +154,12 @@ func (p *Passer) RefreshStatus(ctx context.Context, node string) error {
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	haves, rev, err := p.cfg.Store.Have(ctx, node)
-	if err != nil && !errors.Is(err, store.ErrNotFound) && rev == 0 {
-		return err
-	}
 	prev, _, err := p.cfg.Store.NodeStatus(ctx, node)
 	var lastErr error
 	if err == nil && prev.GetLastError() != "" {
 		lastErr = errors.New(prev.GetLastError())
 	}
-	// A haves record that does not decode counts as none; the last pass's
-	// status says so.
-	return p.putStatus(ctx, node, asg, haves, lastErr)
+	// putStatus reads the haves; a record that does not decode counts as
+	// none, and the last pass's status says so.
+	return p.putStatus(ctx, node, asg, nil, lastErr)
 }

@@ -347,14 +347,12 @@ func (s *Store) NodeStatus(ctx context.Context, node string) (*composerv1.NodeSt
 	return get(ctx, s.Status, node, &composerv1.NodeStatus{})
 }
 
-// PutStatus writes a node's status (derived and advisory: last write wins).
-func (s *Store) PutStatus(ctx context.Context, st *composerv1.NodeStatus) error {
-	b, err := encode(st)
-	if err != nil {
-		return err
-	}
-	_, err = s.Status.Put(ctx, st.GetNode(), b)
-	return err
+// WriteStatus writes a node's status at rev (0: create), by CAS: a status
+// is derived from the haves read after the status it replaces, so a writer
+// holding older haves cannot overwrite one built from newer ones.
+// ErrConflict when the key moved.
+func (s *Store) WriteStatus(ctx context.Context, st *composerv1.NodeStatus, rev uint64) (uint64, error) {
+	return write(ctx, s.Status, st.GetNode(), st, rev)
 }
 
 // Approval returns an approval by id.
