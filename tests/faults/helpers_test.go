@@ -1,11 +1,14 @@
 package faults
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -189,4 +192,44 @@ func (r *run) newObjectOf(ctx context.Context, node, module string) (string, err
 		}
 	}
 	return "", fmt.Errorf("%s's current %s composition names no object it has not applied", node, module)
+}
+
+// staleSigned reads the signer's audit log and returns every signed record
+// whose fencing epoch is below a fence the signer recorded before it: a
+// sign request of a replica that no longer held the lease, signed anyway.
+// It also returns how many refusals name a stale fencing epoch.
+func (r *run) staleSigned() (stale []string, refusals int) {
+	r.t.Helper()
+	f, err := os.Open(filepath.Join(r.m.Dir, "signer", "state", "audit.log"))
+	must(r.t, err)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 4<<20), 4<<20)
+	var fenced uint64
+	for sc.Scan() {
+		var rec struct {
+			Seq    uint64 `json:"seq"`
+			Kind   string `json:"kind"`
+			Method string `json:"method"`
+			Epoch  uint64 `json:"epoch"`
+			Reason string `json:"reason"`
+		}
+		if json.Unmarshal(sc.Bytes(), &rec) != nil {
+			continue
+		}
+		switch rec.Kind {
+		case "fence":
+			fenced = max(fenced, rec.Epoch)
+		case "signed":
+			if rec.Epoch < fenced {
+				stale = append(stale, fmt.Sprintf("seq %d: %s signed in epoch %d after epoch %d was fenced in", rec.Seq, rec.Method, rec.Epoch, fenced))
+			}
+		case "refused":
+			if strings.Contains(rec.Reason, "fencing epoch") && strings.Contains(rec.Reason, "below") {
+				refusals++
+			}
+		}
+	}
+	must(r.t, sc.Err())
+	return stale, refusals
 }

@@ -263,34 +263,40 @@ func TestNATSRestartedDuringBulkCompose(t *testing.T) {
 	}
 }
 
-// TestTwoComposersRacing: the lease holder is paused in the middle of a
-// pass (SIGSTOP: a GC storm, a VM paused), the other replica takes the
-// lease and composes the same nodes; then the old holder resumes and goes
-// on with its pass, racing the new holder on the same keys. Its sign
-// requests carry a fencing epoch the signer refuses, and its writes are
-// CAS: it can neither sign nor overwrite.
+// TestTwoComposersRacing: the lease holder is paused (SIGSTOP: a GC storm,
+// a VM paused) with a sign request in flight that reaches the signer only
+// once the other replica took the lease and was fenced in with a new epoch;
+// then the old holder resumes and goes on with its pass, racing the new
+// holder on the same keys. Its late sign request carries a fencing epoch
+// the signer refuses, nothing is ever signed in an epoch below one fenced
+// in before it, and its writes are CAS: it can neither sign nor overwrite.
 func TestTwoComposersRacing(t *testing.T) {
 	scenario(t, Options{Composers: 2}, func(r *run, i int) {
 		old := r.leaseHolder()
-		paused := make(chan struct{})
-		cancel := r.onWrites(natsx.BucketCompositions, 1, func() {
-			old.Pause()
-			close(paused)
-		})
-		defer cancel()
+		release := filepath.Join(r.m.Dir, "signer", fmt.Sprintf("release-%d", i))
+		method := pick(r, []string{"SignCompositions", "SignManifests"})
+		wait := r.armSignerN(faultPlan{Method: method, Nth: 1, PausePID: old.Pid(), Release: release})
 		r.newMotd(i)
-		select {
-		case <-paused:
-		case <-time.After(time.Minute):
-			r.t.Fatal("the holder wrote nothing to be paused in the middle of")
+		if f := wait(1, time.Minute); !f.Stalled {
+			r.t.Fatalf("the signer did not hold %s's request: %+v", old.Name, f)
 		}
 		next := r.leaseHolder2(old)
+		// The new holder composes the change: it was fenced in.
 		r.healed("the other replica took over with " + old.Name + " paused")
-		r.newMotd(100 + i)
+		must(r.t, os.WriteFile(release, nil, 0o600))
+		f := wait(2, time.Minute)
+		r.disarmSigner()
+		if !strings.Contains(f.Err, "fencing epoch") {
+			r.t.Errorf("%s's %s, held until %s was fenced in, was not refused for its stale fencing epoch: %+v", old.Name, method, next.Name, f)
+		}
 		old.Resume()
+		r.newMotd(100 + i)
 		r.healed(old.Name + " resumed")
-		r.note("iteration %d: %s paused mid-pass, %s took over; refusals in %s's log: %d", i, old.Name, next.Name, old.Name,
-			strings.Count(old.Output(4<<20), "fencing epoch"))
+		stale, refusals := r.staleSigned()
+		for _, s := range stale {
+			r.t.Errorf("the signer signed for a fenced-out holder: %s", s)
+		}
+		r.note("iteration %d: %s paused with %s in flight, %s took over; the late request: %q; stale-epoch refusals in the audit: %d", i, old.Name, method, next.Name, f.Err, refusals)
 	})
 }
 
