@@ -163,6 +163,10 @@ type Options struct {
 	// the journal's ops: the fault harness kills the engine between ops.
 	// nil in production.
 	AfterApplyOp func(done, total int)
+	// DialOptions are applied after mesh's own when the engine dials the
+	// composer and the catalog (the fault harness shrinks the HTTP/2
+	// windows with them). nil in production.
+	DialOptions []grpc.DialOption
 }
 
 // Engine is a node engine built from a Config, ready to run.
@@ -270,7 +274,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Engine, err error) {
 
 	composer, catalog := opts.Composer, opts.Catalog
 	dial := func(target string) (*grpc.ClientConn, error) {
-		conn, err := grpcclient.Dial(target, clientTLS, grpcclient.WithTracerProvider(opts.TracerProvider), grpcclient.WithMeterProvider(opts.MeterProvider))
+		conn, err := grpcclient.Dial(target, clientTLS, append([]grpc.DialOption{grpcclient.WithTracerProvider(opts.TracerProvider), grpcclient.WithMeterProvider(opts.MeterProvider)}, opts.DialOptions...)...)
 		if err == nil {
 			a.conns = append(a.conns, conn)
 		}
