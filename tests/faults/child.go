@@ -54,6 +54,9 @@ type childSpec struct {
 	// Faults is the signer's fault plan, read at every sign call, or an
 	// engine's (an engineFaults), read after every op of an apply.
 	Faults string `json:"faults,omitempty"`
+	// SmallWindows dials an engine's connections with grpc-go's smallest
+	// HTTP/2 windows (64 KiB, fixed: no BDP growth) instead of mesh's.
+	SmallWindows bool `json:"small_windows,omitempty"`
 }
 
 // runChild runs the service a spec names; it returns the exit code.
@@ -132,8 +135,13 @@ func runRole(ctx context.Context, spec childSpec, log *slog.Logger, ready func(n
 		defer commits.close()
 		offset := spec.ClockOffset
 		ef := &engineFaults{path: spec.Faults, log: log}
+		var dial []grpc.DialOption
+		if spec.SmallWindows {
+			dial = append(dial, grpc.WithInitialWindowSize(smallWindow), grpc.WithInitialConnWindowSize(smallWindow))
+		}
 		return nodeengineapp.Run(ctx, cfg, nodeengineapp.Options{Logger: log,
 			AfterApplyOp:     ef.afterOp,
+			DialOptions:      dial,
 			Now:              func() time.Time { return time.Now().Add(offset) },
 			OnCommit:         commits.add,
 			EntryBackoffBase: 100 * time.Millisecond, SyncBackoffBase: 100 * time.Millisecond, SyncBackoffMax: time.Second,
@@ -205,6 +213,9 @@ func (l *commitLog) add(c nodeengineapp.Committed) {
 }
 
 func (l *commitLog) close() { l.f.Close() }
+
+// smallWindow is grpc-go's initial (and smallest) HTTP/2 window.
+const smallWindow = 64 << 10
 
 // engineFault is an engine's fault plan: once armed, the engine kills
 // itself (SIGKILL) between two ops of the first apply of at least two ops,

@@ -106,8 +106,22 @@ func signedOnlyBy(env *typev1.Envelope, id string) error {
 // waitKeysetTaken waits until every engine holds keyset version v.
 func (r *run) waitKeysetTaken(v uint64) {
 	r.t.Helper()
-	r.waitFor(fmt.Sprintf("every engine holds keyset version %d", v), ConvergeBound, func() error {
-		for _, e := range r.m.Engines {
+	r.waitKeysetTakenBy(v)
+}
+
+// waitKeysetTakenBy waits until the engines of nodes (every engine when
+// none) hold keyset version v.
+func (r *run) waitKeysetTakenBy(v uint64, nodes ...string) {
+	r.t.Helper()
+	engines := r.m.Engines
+	if len(nodes) > 0 {
+		engines = nil
+		for _, n := range nodes {
+			engines = append(engines, r.m.Engine(n))
+		}
+	}
+	r.waitFor(fmt.Sprintf("engines hold keyset version %d", v), ConvergeBound, func() error {
+		for _, e := range engines {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			st, err := e.Status(ctx)
 			cancel()

@@ -70,6 +70,10 @@ type Options struct {
 	Composers int
 	// ClockOffset skews an engine's clock.
 	ClockOffset map[string]time.Duration
+	// SmallWindows gives the engines' connections HTTP/2 windows of 64 KiB
+	// (fixed) instead of mesh's 1 MiB stream and 4 MiB connection windows,
+	// so a stopped engine's stream fills within a few changes.
+	SmallWindows bool
 }
 
 // Mesh is a running multi-process mesh and its recorder.
@@ -195,7 +199,7 @@ func (m *Mesh) newEngine(node string, composers []string) *Engine {
 		Root: root, StateDir: filepath.Join(dir, "state"), RootsFile: m.RootsFile, AllowPrefixes: Prefixes,
 		ComposerAddr: p.Addr(), CatalogAddr: m.Catalog.Addr, AdminListen: admin,
 		CertFile: m.cert(identity.RoleNode, node), KeyFile: m.key(identity.RoleNode, node), CAFile: m.PKI.CAFile(),
-	}, childSpec{ClockOffset: m.opts.ClockOffset[node], Commits: filepath.Join(dir, "commits.jsonl"), Faults: filepath.Join(dir, "faults.json")})
+	}, childSpec{ClockOffset: m.opts.ClockOffset[node], Commits: filepath.Join(dir, "commits.jsonl"), Faults: filepath.Join(dir, "faults.json"), SmallWindows: m.opts.SmallWindows})
 	svc.Addr = admin
 	e := &Engine{Service: svc, Node: node, Root: root, Commits: svc.spec.Commits, Proxy: p, Offset: m.opts.ClockOffset[node]}
 	e.admin = nodeenginev1.NewNodeEngineServiceClient(m.dial(admin, identity.RoleOperator, "admin"))

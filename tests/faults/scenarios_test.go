@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"mesh.dev/internal/natsx"
 	"mesh.dev/internal/testutil"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
@@ -556,25 +558,70 @@ func TestReconnectStorm(t *testing.T) {
 
 // TestSlowEngine: one engine stops reading its stream (SIGSTOP) while
 // changes go out: the composer never waits for it — the others converge on
-// every change — and, resumed, it converges on the latest.
+// every change — and, resumed, it converges on the latest. The engines dial
+// with 64 KiB HTTP/2 windows, and each change comes with a new keyset padded
+// with retired keys, so what is due to the stopped engine is well past its
+// stream's flow-control window and gRPC's write quota (64 KiB each): the
+// composer's Send to it blocks, and must block nothing else.
 func TestSlowEngine(t *testing.T) {
-	scenario(t, Options{}, func(r *run, i int) {
+	var pad []KeysetKey
+	for k := 0; k < slowPadKeys; k++ {
+		pad = append(pad, KeysetKey{Key: testutil.NewKey(t), State: KeyRetired})
+	}
+	scenario(t, Options{SmallWindows: true}, func(r *run, i int) {
 		slow := pick(r, r.m.Engines)
 		slow.Pause()
+		before := slow.Proxy.ToEngine()
 		var rest []string
 		for _, e := range r.m.Engines {
 			if e != slow {
 				rest = append(rest, e.Node)
 			}
 		}
+		// One keyset, bigger than the stopped engine's window and write
+		// quota together, then the changes: the composer picks the keyset
+		// up when it signs the first (it signs under the newest keyset).
+		r.m.Keyset = &Keyset{Version: r.m.Keyset.Version + 1, Keys: append([]KeysetKey{{Key: r.m.SigningKey, State: KeyActive}}, pad...)}
+		due := proto.Size(r.m.Keyset.Sign(t, r.m.Trust))
+		written := time.Now()
+		r.m.writeKeyset()
+		var worst time.Duration
 		for k := 0; k < 3; k++ {
 			r.newMotd(10*i + k)
 			r.healed("the others, with "+slow.Node+" stopped", rest...)
+			// Not merely within ConvergeBound: a Send blocked on the
+			// stopped engine's stream that held up the others would be
+			// freed by the server's keepalive (after 1m20s at most) and
+			// could pass that.
+			conv := r.converge[len(r.converge)-1]
+			if conv > slowBound {
+				r.t.Fatalf("the others waited for stopped %s: change %d converged in %s (bound %s)", slow.Node, k, conv.Round(time.Millisecond), slowBound)
+			}
+			worst = max(worst, conv)
+		}
+		r.waitKeysetTakenBy(r.m.Keyset.Version, rest...)
+		// The composer polls the signer's keyset every 10 s (and at once
+		// when a sign call finds it newer).
+		if took := time.Since(written); took > 10*time.Second+slowBound {
+			r.t.Fatalf("the others waited for stopped %s: keyset version %d taken %s after it was written", slow.Node, r.m.Keyset.Version, took.Round(time.Millisecond))
+		}
+		forwarded := slow.Proxy.ToEngine() - before
+		if due < 2*smallWindow || forwarded >= int64(due) {
+			r.t.Fatalf("%s's stream never filled: a keyset of %d bytes due to it, %d bytes forwarded to it while stopped", slow.Node, due, forwarded)
 		}
 		slow.Resume()
 		r.healed(slow.Node + " resumed")
+		r.note("iteration %d: %s stopped: a keyset of %d bytes due to it, %d bytes forwarded to it while stopped; the others converged on each change within %s", i, slow.Node, due, forwarded, worst.Round(time.Millisecond))
 	})
 }
+
+// slowPadKeys are the retired keys padding each keyset of TestSlowEngine,
+// about 170 KiB; slowBound how soon the others converge on each change
+// while one engine is stopped.
+const (
+	slowPadKeys = 2000
+	slowBound   = 5 * time.Second
+)
 
 // TestClockSkew: one engine's clock is an hour ahead and another's an hour
 // behind (the skew DESIGN.md §7 allows): they verify and apply every
