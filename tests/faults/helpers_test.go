@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,8 +14,11 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"mesh.dev/internal/envelope"
 	"mesh.dev/internal/natsx"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 )
 
@@ -246,4 +250,51 @@ func (r *run) staleSigned() (stale []string, refusals int) {
 	}
 	must(r.t, sc.Err())
 	return stale, refusals
+}
+
+// forgeManifest writes into a node's assignment, raw, its current manifest
+// changed by edit (revision one up, issued now, unless edit says otherwise)
+// and signed by key: what the holder of a key the keyset no longer trusts,
+// with write access to NATS, can do. It returns the forged revision.
+func (r *run) forgeManifest(ctx context.Context, node string, key ed25519.PrivateKey, edit func(m *typev1.Manifest)) uint64 {
+	r.t.Helper()
+	a, _, err := r.m.Assignment(ctx, node)
+	must(r.t, err)
+	m := &typev1.Manifest{}
+	must(r.t, proto.Unmarshal(a.GetManifest().GetPayload(), m))
+	m.Revision = a.GetManifestRevision() + 1
+	m.IssuedAt = timestamppb.Now()
+	if edit != nil {
+		edit(m)
+	}
+	payload, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	must(r.t, err)
+	input, err := envelope.SigningInput(typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, payload)
+	must(r.t, err)
+	env := &typev1.Envelope{PayloadType: typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, Payload: payload,
+		Signatures: []*typev1.Signature{{KeyId: KeyID(key), Signature: ed25519.Sign(key, input)}}}
+	a.Manifest, a.ManifestRevision, a.ManifestDigest = env, m.GetRevision(), envelope.Digest(env)
+	b, err := proto.Marshal(a)
+	must(r.t, err)
+	r.putRaw(ctx, natsx.BucketAssignments, node, b)
+	return m.GetRevision()
+}
+
+// waitRefused waits until node's engine reported a FAILED or STALE attempt
+// with code since from, and returns it.
+func (r *run) waitRefused(node string, from time.Time, code composerv1.ReasonCode) Failure {
+	r.t.Helper()
+	var got Failure
+	r.waitFor(fmt.Sprintf("%s reports %v", node, code), 20*time.Second, func() error {
+		var seen []string
+		for _, f := range r.m.Rec.RefusedSince(from) {
+			if f.Node == node && f.Code == code {
+				got = f
+				return nil
+			}
+			seen = append(seen, f.String())
+		}
+		return fmt.Errorf("%s reported no %v (saw %v)", node, code, seen)
+	})
+	return got
 }

@@ -198,7 +198,19 @@ func TestRevokedKey(t *testing.T) {
 		r.newMotd(i)
 		r.healed("the revoked key replaced")
 		r.waitSignedBy(KeyID(next))
-		r.note("iteration %d: key %s revoked", i, KeyID(bad))
+		r.waitKeysetTaken(r.m.Keyset.Version)
+		// The revoked key signs on: a manifest above the applied one,
+		// written straight into a node's assignment. The engine must
+		// refuse it (the recorder flags it if applied).
+		e := pick(r, r.m.Engines)
+		from := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		rev := r.forgeManifest(ctx, e.Node, bad, nil)
+		f := r.waitRefused(e.Node, from, composerv1.ReasonCode_REASON_CODE_EXPIRED)
+		r.newMotd(100 + i)
+		r.healed("a manifest signed by the revoked key refused by " + e.Node)
+		r.note("iteration %d: key %s revoked; r%d it signed refused by %s: %s", i, KeyID(bad), rev, e.Node, f.Reason)
 	})
 }
 
