@@ -74,6 +74,9 @@ type Options struct {
 	// (fixed) instead of mesh's 1 MiB stream and 4 MiB connection windows,
 	// so a stopped engine's stream fills within a few changes.
 	SmallWindows bool
+	// ManifestLifetime is the signer's manifest lifetime (its default, 24h,
+	// when 0).
+	ManifestLifetime time.Duration
 }
 
 // Mesh is a running multi-process mesh and its recorder.
@@ -155,7 +158,7 @@ func Start(t *testing.T, opts Options) *Mesh {
 		CertFile: m.cert(identity.RoleSigner, ""), KeyFile: m.key(identity.RoleSigner, ""), CAFile: m.PKI.CAFile(),
 		SigningKeyFile: m.signingKeyFile(), KeysetFile: m.keysetFile(), RootsFile: m.RootsFile,
 		StateDir: filepath.Join(dir, "signer", "state"), OwnPrefixes: Prefixes, CatalogAddr: m.Catalog.Addr,
-		KeysetReload: config.Duration(200 * time.Millisecond),
+		KeysetReload: config.Duration(200 * time.Millisecond), ManifestLifetime: config.Duration(opts.ManifestLifetime),
 	}, childSpec{Faults: filepath.Join(dir, "signer", "faults.json")})
 	m.Signer.Start()
 

@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"mesh.dev/internal/natsx"
 	"mesh.dev/internal/testutil"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
 	signerapp "mesh.dev/services/signer/app"
 )
 
@@ -636,11 +638,26 @@ const (
 )
 
 // TestClockSkew: one engine's clock is an hour ahead and another's an hour
-// behind (the skew DESIGN.md §7 allows): they verify and apply every
-// change, and nothing expired or issued too far ahead is applied.
+// behind (the skew DESIGN.md §7 allows) and manifests live 30 minutes, so
+// the engine ahead takes them only thanks to that allowance: they verify
+// and apply every change. A manifest signed by the genuine key but expired
+// (beyond any skew), written straight into a node's assignment, is refused
+// as expired; nothing expired or issued too far ahead is applied.
 func TestClockSkew(t *testing.T) {
-	scenario(t, Options{ClockOffset: map[string]time.Duration{"ace": time.Hour, "bay": -time.Hour}}, func(r *run, i int) {
+	scenario(t, Options{ClockOffset: map[string]time.Duration{"ace": time.Hour, "bay": -time.Hour}, ManifestLifetime: 30 * time.Minute}, func(r *run, i int) {
 		r.newMotd(i)
 		r.healed("a change")
+		e := pick(r, r.m.Engines)
+		from := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		rev := r.forgeManifest(ctx, e.Node, r.m.SigningKey, func(m *typev1.Manifest) {
+			m.IssuedAt = timestamppb.New(time.Now().Add(-5 * time.Hour))
+			m.ExpiresAt = timestamppb.New(time.Now().Add(-4 * time.Hour))
+		})
+		f := r.waitRefused(e.Node, from, composerv1.ReasonCode_REASON_CODE_EXPIRED)
+		r.newMotd(100 + i)
+		r.healed("an expired manifest refused by " + e.Node)
+		r.note("iteration %d: expired r%d refused by %s (clock %s): %s", i, rev, e.Node, e.Offset, f.Reason)
 	})
 }
