@@ -51,8 +51,7 @@ type childSpec struct {
 	// Commits is where an engine appends each durable commit (one JSON
 	// line, fsynced).
 	Commits string `json:"commits,omitempty"`
-	// Faults is the signer's fault plan, read at every sign call, or an
-	// engine's (an engineFaults), read after every op of an apply.
+	// Faults is the signer's fault plan, read at every sign call.
 	Faults string `json:"faults,omitempty"`
 	// SmallWindows dials an engine's connections with grpc-go's smallest
 	// HTTP/2 windows (64 KiB, fixed: no BDP growth) instead of mesh's.
@@ -134,13 +133,11 @@ func runRole(ctx context.Context, spec childSpec, log *slog.Logger, ready func(n
 		}
 		defer commits.close()
 		offset := spec.ClockOffset
-		ef := &engineFaults{path: spec.Faults, log: log}
 		var dial []grpc.DialOption
 		if spec.SmallWindows {
 			dial = append(dial, grpc.WithInitialWindowSize(smallWindow), grpc.WithInitialConnWindowSize(smallWindow))
 		}
 		return nodeengineapp.Run(ctx, cfg, nodeengineapp.Options{Logger: log,
-			AfterApplyOp:     ef.afterOp,
 			DialOptions:      dial,
 			Now:              func() time.Time { return time.Now().Add(offset) },
 			OnCommit:         commits.add,
@@ -216,42 +213,6 @@ func (l *commitLog) close() { l.f.Close() }
 
 // smallWindow is grpc-go's initial (and smallest) HTTP/2 window.
 const smallWindow = 64 << 10
-
-// engineFault is an engine's fault plan: once armed, the engine kills
-// itself (SIGKILL) between two ops of the first apply of at least two ops,
-// after 1+(AfterOps-1)%(ops-1) of them: some of the change is on disk, some
-// not, and the journal says what is left. It fires once: not again once
-// Fired exists (the restarted engine's replay runs the same journal).
-type engineFault struct {
-	AfterOps int    `json:"after_ops"`
-	Fired    string `json:"fired"`
-}
-
-type engineFaults struct {
-	path string
-	log  *slog.Logger
-}
-
-func (f *engineFaults) afterOp(done, total int) {
-	if f.path == "" || total < 2 {
-		return
-	}
-	var p engineFault
-	b, err := os.ReadFile(f.path)
-	if err != nil || json.Unmarshal(b, &p) != nil || p.AfterOps <= 0 || p.Fired == "" {
-		return
-	}
-	if _, err := os.Stat(p.Fired); err == nil {
-		return
-	}
-	if done != 1+(p.AfterOps-1)%(total-1) {
-		return
-	}
-	f.log.Warn("fault: the engine kills itself mid-apply", "done", done, "ops", total)
-	writeFired(p.Fired, fired{What: fmt.Sprintf("engine killed itself after %d of %d ops", done, total), Killed: true})
-	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {}
-}
 
 // faultPlan is the signer's fault plan, rewritten by the harness to arm a
 // fault. A plan fires once per Arm: a new Arm value counts calls afresh.
@@ -389,10 +350,10 @@ func (f *signerFaults) stall(ctx context.Context, req any, h grpc.UnaryHandler, 
 type fired struct {
 	// Stalled is set when a call was held (PausePID); Err is the error a
 	// held call was answered with once released, "" when it was signed.
-	Stalled bool   `json:"stalled,omitempty"`
-	Err     string `json:"err,omitempty"`
-	At   time.Time `json:"at"`
-	What string    `json:"what"`
+	Stalled bool      `json:"stalled,omitempty"`
+	Err     string    `json:"err,omitempty"`
+	At      time.Time `json:"at"`
+	What    string    `json:"what"`
 	// Killed is set when the fault killed a process.
 	Killed bool `json:"killed"`
 	// Digests are the items the call signed before its caller was killed.

@@ -202,7 +202,7 @@ func (m *Mesh) newEngine(node string, composers []string) *Engine {
 		Root: root, StateDir: filepath.Join(dir, "state"), RootsFile: m.RootsFile, AllowPrefixes: Prefixes,
 		ComposerAddr: p.Addr(), CatalogAddr: m.Catalog.Addr, AdminListen: admin,
 		CertFile: m.cert(identity.RoleNode, node), KeyFile: m.key(identity.RoleNode, node), CAFile: m.PKI.CAFile(),
-	}, childSpec{ClockOffset: m.opts.ClockOffset[node], Commits: filepath.Join(dir, "commits.jsonl"), Faults: filepath.Join(dir, "faults.json"), SmallWindows: m.opts.SmallWindows})
+	}, childSpec{ClockOffset: m.opts.ClockOffset[node], Commits: filepath.Join(dir, "commits.jsonl"), SmallWindows: m.opts.SmallWindows})
 	svc.Addr = admin
 	e := &Engine{Service: svc, Node: node, Root: root, Commits: svc.spec.Commits, Proxy: p, Offset: m.opts.ClockOffset[node]}
 	e.admin = nodeenginev1.NewNodeEngineServiceClient(m.dial(admin, identity.RoleOperator, "admin"))

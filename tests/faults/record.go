@@ -54,8 +54,8 @@ type Recorder struct {
 	failedSeen map[string]bool
 	// stale are the STALE attempts engines reported (an engine that
 	// refused a manifest for an expired or revoked signature says so).
-	stale []Failure
-	engines    []*engineTrack
+	stale   []Failure
+	engines []*engineTrack
 	// commitsMu serializes reading the commit logs (the loop, Final and
 	// Applied all read them).
 	commitsMu sync.Mutex

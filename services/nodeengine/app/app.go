@@ -158,11 +158,6 @@ type Options struct {
 	// own; their interceptors run inside authorization (tests count
 	// handler calls).
 	ServerOptions []grpc.ServerOption
-	// AfterApplyOp, when set, is called after each op of an apply (or of
-	// the replay of a journal) has run, with the ops done and the count of
-	// the journal's ops: the fault harness kills the engine between ops.
-	// nil in production.
-	AfterApplyOp func(done, total int)
 	// DialOptions are applied after mesh's own when the engine dials the
 	// composer and the catalog (the fault harness shrinks the HTTP/2
 	// windows with them). nil in production.
@@ -267,7 +262,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Engine, err error) {
 	if opts.OnCommit != nil {
 		store = observed{Store: store, fn: opts.OnCommit}
 	}
-	applier, err := apply.New(apply.Config{Root: cfg.Root, Prefixes: cfg.AllowPrefixes, StateDir: cfg.StateDir, Logger: log, AfterOp: opts.AfterApplyOp})
+	applier, err := apply.New(apply.Config{Root: cfg.Root, Prefixes: cfg.AllowPrefixes, StateDir: cfg.StateDir, Logger: log})
 	if err != nil {
 		return nil, err
 	}
