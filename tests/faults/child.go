@@ -53,6 +53,9 @@ type childSpec struct {
 	Commits string `json:"commits,omitempty"`
 	// Faults is the signer's fault plan, read at every sign call.
 	Faults string `json:"faults,omitempty"`
+	// SmallWindows dials an engine's connections with grpc-go's smallest
+	// HTTP/2 windows (64 KiB, fixed: no BDP growth) instead of mesh's.
+	SmallWindows bool `json:"small_windows,omitempty"`
 }
 
 // runChild runs the service a spec names; it returns the exit code.
@@ -130,7 +133,12 @@ func runRole(ctx context.Context, spec childSpec, log *slog.Logger, ready func(n
 		}
 		defer commits.close()
 		offset := spec.ClockOffset
+		var dial []grpc.DialOption
+		if spec.SmallWindows {
+			dial = append(dial, grpc.WithInitialWindowSize(smallWindow), grpc.WithInitialConnWindowSize(smallWindow))
+		}
 		return nodeengineapp.Run(ctx, cfg, nodeengineapp.Options{Logger: log,
+			DialOptions:      dial,
 			Now:              func() time.Time { return time.Now().Add(offset) },
 			OnCommit:         commits.add,
 			EntryBackoffBase: 100 * time.Millisecond, SyncBackoffBase: 100 * time.Millisecond, SyncBackoffMax: time.Second,
@@ -203,6 +211,9 @@ func (l *commitLog) add(c nodeengineapp.Committed) {
 
 func (l *commitLog) close() { l.f.Close() }
 
+// smallWindow is grpc-go's initial (and smallest) HTTP/2 window.
+const smallWindow = 64 << 10
+
 // faultPlan is the signer's fault plan, rewritten by the harness to arm a
 // fault. A plan fires once per Arm: a new Arm value counts calls afresh.
 type faultPlan struct {
@@ -219,6 +230,15 @@ type faultPlan struct {
 	// after the Nth call arrives, while it signs: a signer killed
 	// mid-batch.
 	KillSelfAfter time.Duration `json:"kill_self_after,omitempty"`
+	// PausePID, when set (and KillPID is 0), is stopped with SIGSTOP when
+	// the Nth call arrives, and the call is held before the signer judges
+	// anything of it (its fencing epoch first) until the file Release
+	// exists; then it is handled as it stands, answered to the stopped
+	// caller, and its outcome written to Fired: a lease holder paused with
+	// a sign request in flight that reaches the signer only after another
+	// replica was fenced in.
+	PausePID int    `json:"pause_pid,omitempty"`
+	Release  string `json:"release,omitempty"`
 	// Fired is written (with the time) when the fault fires.
 	Fired string `json:"fired"`
 }
@@ -271,6 +291,9 @@ func (f *signerFaults) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	if !fire {
 		return h(ctx, req)
 	}
+	if p.KillPID == 0 && p.PausePID != 0 {
+		return f.stall(ctx, req, h, p, method)
+	}
 	if p.KillPID == 0 {
 		time.AfterFunc(p.KillSelfAfter, func() {
 			f.log.Warn("fault: the signer kills itself mid-batch", "method", method, "nth", p.Nth)
@@ -301,10 +324,36 @@ func (f *signerFaults) intercept(ctx context.Context, req any, info *grpc.UnaryS
 	return resp, err
 }
 
+// stall stops the caller, holds its call until the plan's Release file
+// exists and then handles it. The call is handled without the caller's
+// cancellation or deadline: a request that reaches the signer late is judged
+// as it stands, not dropped for being late.
+func (f *signerFaults) stall(ctx context.Context, req any, h grpc.UnaryHandler, p faultPlan, method string) (any, error) {
+	f.log.Warn("fault: pausing the caller and holding its sign request", "pid", p.PausePID, "method", method, "nth", p.Nth)
+	_ = syscall.Kill(p.PausePID, syscall.SIGSTOP)
+	writeFired(p.Fired, fired{What: fmt.Sprintf("composer pid %d paused with %s in flight", p.PausePID, method), Stalled: true})
+	for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(p.Release); err == nil {
+			break
+		}
+	}
+	resp, err := h(context.WithoutCancel(ctx), req)
+	out := fired{What: fmt.Sprintf("%s of pid %d released", method, p.PausePID)}
+	if err != nil {
+		out.Err = err.Error()
+	}
+	writeFired(p.Fired, out)
+	return resp, err
+}
+
 // fired is what a fault did, one JSON line of the plan's Fired file.
 type fired struct {
-	At   time.Time `json:"at"`
-	What string    `json:"what"`
+	// Stalled is set when a call was held (PausePID); Err is the error a
+	// held call was answered with once released, "" when it was signed.
+	Stalled bool      `json:"stalled,omitempty"`
+	Err     string    `json:"err,omitempty"`
+	At      time.Time `json:"at"`
+	What    string    `json:"what"`
 	// Killed is set when the fault killed a process.
 	Killed bool `json:"killed"`
 	// Digests are the items the call signed before its caller was killed.

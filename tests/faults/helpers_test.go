@@ -1,17 +1,24 @@
 package faults
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"mesh.dev/internal/envelope"
 	"mesh.dev/internal/natsx"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 )
 
@@ -103,8 +110,22 @@ func signedOnlyBy(env *typev1.Envelope, id string) error {
 // waitKeysetTaken waits until every engine holds keyset version v.
 func (r *run) waitKeysetTaken(v uint64) {
 	r.t.Helper()
-	r.waitFor(fmt.Sprintf("every engine holds keyset version %d", v), ConvergeBound, func() error {
-		for _, e := range r.m.Engines {
+	r.waitKeysetTakenBy(v)
+}
+
+// waitKeysetTakenBy waits until the engines of nodes (every engine when
+// none) hold keyset version v.
+func (r *run) waitKeysetTakenBy(v uint64, nodes ...string) {
+	r.t.Helper()
+	engines := r.m.Engines
+	if len(nodes) > 0 {
+		engines = nil
+		for _, n := range nodes {
+			engines = append(engines, r.m.Engine(n))
+		}
+	}
+	r.waitFor(fmt.Sprintf("engines hold keyset version %d", v), ConvergeBound, func() error {
+		for _, e := range engines {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			st, err := e.Status(ctx)
 			cancel()
@@ -189,4 +210,91 @@ func (r *run) newObjectOf(ctx context.Context, node, module string) (string, err
 		}
 	}
 	return "", fmt.Errorf("%s's current %s composition names no object it has not applied", node, module)
+}
+
+// staleSigned reads the signer's audit log and returns every signed record
+// whose fencing epoch is below a fence the signer recorded before it: a
+// sign request of a replica that no longer held the lease, signed anyway.
+// It also returns how many refusals name a stale fencing epoch.
+func (r *run) staleSigned() (stale []string, refusals int) {
+	r.t.Helper()
+	f, err := os.Open(filepath.Join(r.m.Dir, "signer", "state", "audit.log"))
+	must(r.t, err)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 4<<20), 4<<20)
+	var fenced uint64
+	for sc.Scan() {
+		var rec struct {
+			Seq    uint64 `json:"seq"`
+			Kind   string `json:"kind"`
+			Method string `json:"method"`
+			Epoch  uint64 `json:"epoch"`
+			Reason string `json:"reason"`
+		}
+		if json.Unmarshal(sc.Bytes(), &rec) != nil {
+			continue
+		}
+		switch rec.Kind {
+		case "fence":
+			fenced = max(fenced, rec.Epoch)
+		case "signed":
+			if rec.Epoch < fenced {
+				stale = append(stale, fmt.Sprintf("seq %d: %s signed in epoch %d after epoch %d was fenced in", rec.Seq, rec.Method, rec.Epoch, fenced))
+			}
+		case "refused":
+			if strings.Contains(rec.Reason, "fencing epoch") && strings.Contains(rec.Reason, "below") {
+				refusals++
+			}
+		}
+	}
+	must(r.t, sc.Err())
+	return stale, refusals
+}
+
+// forgeManifest writes into a node's assignment, raw, its current manifest
+// changed by edit (revision one up, issued now, unless edit says otherwise)
+// and signed by key: what the holder of a key the keyset no longer trusts,
+// with write access to NATS, can do. It returns the forged revision.
+func (r *run) forgeManifest(ctx context.Context, node string, key ed25519.PrivateKey, edit func(m *typev1.Manifest)) uint64 {
+	r.t.Helper()
+	a, _, err := r.m.Assignment(ctx, node)
+	must(r.t, err)
+	m := &typev1.Manifest{}
+	must(r.t, proto.Unmarshal(a.GetManifest().GetPayload(), m))
+	m.Revision = a.GetManifestRevision() + 1
+	m.IssuedAt = timestamppb.Now()
+	if edit != nil {
+		edit(m)
+	}
+	payload, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	must(r.t, err)
+	input, err := envelope.SigningInput(typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, payload)
+	must(r.t, err)
+	env := &typev1.Envelope{PayloadType: typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, Payload: payload,
+		Signatures: []*typev1.Signature{{KeyId: KeyID(key), Signature: ed25519.Sign(key, input)}}}
+	a.Manifest, a.ManifestRevision, a.ManifestDigest = env, m.GetRevision(), envelope.Digest(env)
+	b, err := proto.Marshal(a)
+	must(r.t, err)
+	r.putRaw(ctx, natsx.BucketAssignments, node, b)
+	return m.GetRevision()
+}
+
+// waitRefused waits until node's engine reported a FAILED or STALE attempt
+// with code since from, and returns it.
+func (r *run) waitRefused(node string, from time.Time, code composerv1.ReasonCode) Failure {
+	r.t.Helper()
+	var got Failure
+	r.waitFor(fmt.Sprintf("%s reports %v", node, code), 20*time.Second, func() error {
+		var seen []string
+		for _, f := range r.m.Rec.RefusedSince(from) {
+			if f.Node == node && f.Code == code {
+				got = f
+				return nil
+			}
+			seen = append(seen, f.String())
+		}
+		return fmt.Errorf("%s reported no %v (saw %v)", node, code, seen)
+	})
+	return got
 }

@@ -70,6 +70,13 @@ type Options struct {
 	Composers int
 	// ClockOffset skews an engine's clock.
 	ClockOffset map[string]time.Duration
+	// SmallWindows gives the engines' connections HTTP/2 windows of 64 KiB
+	// (fixed) instead of mesh's 1 MiB stream and 4 MiB connection windows,
+	// so a stopped engine's stream fills within a few changes.
+	SmallWindows bool
+	// ManifestLifetime is the signer's manifest lifetime (its default, 24h,
+	// when 0).
+	ManifestLifetime time.Duration
 }
 
 // Mesh is a running multi-process mesh and its recorder.
@@ -151,7 +158,7 @@ func Start(t *testing.T, opts Options) *Mesh {
 		CertFile: m.cert(identity.RoleSigner, ""), KeyFile: m.key(identity.RoleSigner, ""), CAFile: m.PKI.CAFile(),
 		SigningKeyFile: m.signingKeyFile(), KeysetFile: m.keysetFile(), RootsFile: m.RootsFile,
 		StateDir: filepath.Join(dir, "signer", "state"), OwnPrefixes: Prefixes, CatalogAddr: m.Catalog.Addr,
-		KeysetReload: config.Duration(200 * time.Millisecond),
+		KeysetReload: config.Duration(200 * time.Millisecond), ManifestLifetime: config.Duration(opts.ManifestLifetime),
 	}, childSpec{Faults: filepath.Join(dir, "signer", "faults.json")})
 	m.Signer.Start()
 
@@ -195,7 +202,7 @@ func (m *Mesh) newEngine(node string, composers []string) *Engine {
 		Root: root, StateDir: filepath.Join(dir, "state"), RootsFile: m.RootsFile, AllowPrefixes: Prefixes,
 		ComposerAddr: p.Addr(), CatalogAddr: m.Catalog.Addr, AdminListen: admin,
 		CertFile: m.cert(identity.RoleNode, node), KeyFile: m.key(identity.RoleNode, node), CAFile: m.PKI.CAFile(),
-	}, childSpec{ClockOffset: m.opts.ClockOffset[node], Commits: filepath.Join(dir, "commits.jsonl")})
+	}, childSpec{ClockOffset: m.opts.ClockOffset[node], Commits: filepath.Join(dir, "commits.jsonl"), SmallWindows: m.opts.SmallWindows})
 	svc.Addr = admin
 	e := &Engine{Service: svc, Node: node, Root: root, Commits: svc.spec.Commits, Proxy: p, Offset: m.opts.ClockOffset[node]}
 	e.admin = nodeenginev1.NewNodeEngineServiceClient(m.dial(admin, identity.RoleOperator, "admin"))

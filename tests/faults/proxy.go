@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,6 +22,24 @@ type Proxy struct {
 	cut     bool
 	conns   map[net.Conn]struct{}
 	closed  bool
+
+	// toEngine counts the bytes forwarded from the composers to the engine.
+	toEngine atomic.Int64
+}
+
+// ToEngine is how many bytes the proxy forwarded from the composers to the
+// engine so far.
+func (p *Proxy) ToEngine() int64 { return p.toEngine.Load() }
+
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c countingWriter) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // NewProxy listens on a free loopback port.
@@ -109,14 +128,14 @@ func (p *Proxy) handle(in net.Conn) {
 	defer p.untrack(out)
 	var wg sync.WaitGroup
 	wg.Add(2)
-	pipe := func(dst, src net.Conn) {
+	pipe := func(dst, src net.Conn, w io.Writer) {
 		defer wg.Done()
-		_, _ = io.Copy(dst, src)
+		_, _ = io.Copy(w, src)
 		dst.Close()
 		src.Close()
 	}
-	go pipe(out, in)
-	go pipe(in, out)
+	go pipe(out, in, out)
+	go pipe(in, out, countingWriter{w: in, n: &p.toEngine})
 	wg.Wait()
 }
 

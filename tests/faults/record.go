@@ -52,7 +52,10 @@ type Recorder struct {
 	// failed are the FAILED attempts engines reported (bucket haves).
 	failed     []Failure
 	failedSeen map[string]bool
-	engines    []*engineTrack
+	// stale are the STALE attempts engines reported (an engine that
+	// refused a manifest for an expired or revoked signature says so).
+	stale   []Failure
+	engines []*engineTrack
 	// commitsMu serializes reading the commit logs (the loop, Final and
 	// Applied all read them).
 	commitsMu sync.Mutex
@@ -206,6 +209,13 @@ func (r *Recorder) recordWrite(bucket string, e jetstream.KeyValueEntry) {
 					r.failed = append(r.failed, Failure{At: time.Now(), Node: h.GetNode(), Module: have.GetModule(), Code: a.GetReasonCode(), Reason: a.GetReason()})
 				}
 			}
+			if a.GetState() == composerv1.AttemptState_ATTEMPT_STATE_STALE {
+				key := fmt.Sprintf("stale %s/%s/%s/%v/%s", h.GetNode(), have.GetModule(), a.GetDigest(), a.GetReasonCode(), a.GetReason())
+				if !r.failedSeen[key] {
+					r.failedSeen[key] = true
+					r.stale = append(r.stale, Failure{At: time.Now(), Node: h.GetNode(), Module: have.GetModule(), Code: a.GetReasonCode(), Reason: a.GetReason()})
+				}
+			}
 		}
 	}
 }
@@ -228,6 +238,19 @@ func (r *Recorder) FailedSince(t time.Time) []Failure {
 	defer r.mu.Unlock()
 	var out []Failure
 	for _, f := range r.failed {
+		if !f.At.Before(t) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// RefusedSince returns the FAILED and STALE attempts reported since t.
+func (r *Recorder) RefusedSince(t time.Time) []Failure {
+	out := r.FailedSince(t)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.stale {
 		if !f.At.Before(t) {
 			out = append(out, f)
 		}

@@ -176,6 +176,16 @@ func (r *run) waitFor(what string, d time.Duration, cond func() error) {
 // armSigner writes the signer's fault plan; it returns a func that waits
 // until the fault fired and returns what it did.
 func (r *run) armSigner(p faultPlan) func(d time.Duration) fired {
+	wait := r.armSignerN(p)
+	return func(d time.Duration) fired {
+		r.t.Helper()
+		return wait(1, d)
+	}
+}
+
+// armSignerN is armSigner whose wait returns the n-th line (from 1) the
+// fault wrote (a held call writes one when held and one when answered).
+func (r *run) armSignerN(p faultPlan) func(n int, d time.Duration) fired {
 	p.Arm = fmt.Sprintf("%d", time.Now().UnixNano())
 	p.Fired = filepath.Join(r.m.Dir, "signer", "fired-"+p.Arm+".jsonl")
 	b, err := json.Marshal(p)
@@ -183,7 +193,7 @@ func (r *run) armSigner(p faultPlan) func(d time.Duration) fired {
 	path := r.m.Signer.spec.Faults
 	must(r.t, os.WriteFile(path+".tmp", b, 0o600))
 	must(r.t, os.Rename(path+".tmp", path))
-	return func(d time.Duration) fired {
+	return func(n int, d time.Duration) fired {
 		r.t.Helper()
 		var got fired
 		r.waitFor("the signer's fault to fire", d, func() error {
@@ -194,12 +204,16 @@ func (r *run) armSigner(p faultPlan) func(d time.Duration) fired {
 			defer f.Close()
 			sc := bufio.NewScanner(f)
 			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			seen := 0
 			for sc.Scan() {
+				got = fired{}
 				if err := json.Unmarshal(sc.Bytes(), &got); err == nil {
-					return nil
+					if seen++; seen == n {
+						return nil
+					}
 				}
 			}
-			return fmt.Errorf("nothing in %s yet", p.Fired)
+			return fmt.Errorf("%d lines in %s yet, waiting for %d", seen, p.Fired, n)
 		})
 		return got
 	}

@@ -10,9 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"mesh.dev/internal/natsx"
 	"mesh.dev/internal/testutil"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
 	signerapp "mesh.dev/services/signer/app"
 )
 
@@ -195,7 +199,19 @@ func TestRevokedKey(t *testing.T) {
 		r.newMotd(i)
 		r.healed("the revoked key replaced")
 		r.waitSignedBy(KeyID(next))
-		r.note("iteration %d: key %s revoked", i, KeyID(bad))
+		r.waitKeysetTaken(r.m.Keyset.Version)
+		// The revoked key signs on: a manifest above the applied one,
+		// written straight into a node's assignment. The engine must
+		// refuse it (the recorder flags it if applied).
+		e := pick(r, r.m.Engines)
+		from := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		rev := r.forgeManifest(ctx, e.Node, bad, nil)
+		f := r.waitRefused(e.Node, from, composerv1.ReasonCode_REASON_CODE_EXPIRED)
+		r.newMotd(100 + i)
+		r.healed("a manifest signed by the revoked key refused by " + e.Node)
+		r.note("iteration %d: key %s revoked; r%d it signed refused by %s: %s", i, KeyID(bad), rev, e.Node, f.Reason)
 	})
 }
 
@@ -263,34 +279,40 @@ func TestNATSRestartedDuringBulkCompose(t *testing.T) {
 	}
 }
 
-// TestTwoComposersRacing: the lease holder is paused in the middle of a
-// pass (SIGSTOP: a GC storm, a VM paused), the other replica takes the
-// lease and composes the same nodes; then the old holder resumes and goes
-// on with its pass, racing the new holder on the same keys. Its sign
-// requests carry a fencing epoch the signer refuses, and its writes are
-// CAS: it can neither sign nor overwrite.
+// TestTwoComposersRacing: the lease holder is paused (SIGSTOP: a GC storm,
+// a VM paused) with a sign request in flight that reaches the signer only
+// once the other replica took the lease and was fenced in with a new epoch;
+// then the old holder resumes and goes on with its pass, racing the new
+// holder on the same keys. Its late sign request carries a fencing epoch
+// the signer refuses, nothing is ever signed in an epoch below one fenced
+// in before it, and its writes are CAS: it can neither sign nor overwrite.
 func TestTwoComposersRacing(t *testing.T) {
 	scenario(t, Options{Composers: 2}, func(r *run, i int) {
 		old := r.leaseHolder()
-		paused := make(chan struct{})
-		cancel := r.onWrites(natsx.BucketCompositions, 1, func() {
-			old.Pause()
-			close(paused)
-		})
-		defer cancel()
+		release := filepath.Join(r.m.Dir, "signer", fmt.Sprintf("release-%d", i))
+		method := pick(r, []string{"SignCompositions", "SignManifests"})
+		wait := r.armSignerN(faultPlan{Method: method, Nth: 1, PausePID: old.Pid(), Release: release})
 		r.newMotd(i)
-		select {
-		case <-paused:
-		case <-time.After(time.Minute):
-			r.t.Fatal("the holder wrote nothing to be paused in the middle of")
+		if f := wait(1, time.Minute); !f.Stalled {
+			r.t.Fatalf("the signer did not hold %s's request: %+v", old.Name, f)
 		}
 		next := r.leaseHolder2(old)
+		// The new holder composes the change: it was fenced in.
 		r.healed("the other replica took over with " + old.Name + " paused")
-		r.newMotd(100 + i)
+		must(r.t, os.WriteFile(release, nil, 0o600))
+		f := wait(2, time.Minute)
+		r.disarmSigner()
+		if !strings.Contains(f.Err, "fencing epoch") {
+			r.t.Errorf("%s's %s, held until %s was fenced in, was not refused for its stale fencing epoch: %+v", old.Name, method, next.Name, f)
+		}
 		old.Resume()
+		r.newMotd(100 + i)
 		r.healed(old.Name + " resumed")
-		r.note("iteration %d: %s paused mid-pass, %s took over; refusals in %s's log: %d", i, old.Name, next.Name, old.Name,
-			strings.Count(old.Output(4<<20), "fencing epoch"))
+		stale, refusals := r.staleSigned()
+		for _, s := range stale {
+			r.t.Errorf("the signer signed for a fenced-out holder: %s", s)
+		}
+		r.note("iteration %d: %s paused with %s in flight, %s took over; the late request: %q; stale-epoch refusals in the audit: %d", i, old.Name, method, next.Name, f.Err, refusals)
 	})
 }
 
@@ -497,32 +519,92 @@ func TestReconnectStorm(t *testing.T) {
 
 // TestSlowEngine: one engine stops reading its stream (SIGSTOP) while
 // changes go out: the composer never waits for it — the others converge on
-// every change — and, resumed, it converges on the latest.
+// every change — and, resumed, it converges on the latest. The engines dial
+// with 64 KiB HTTP/2 windows, and each change comes with a new keyset padded
+// with retired keys, so what is due to the stopped engine is well past its
+// stream's flow-control window and gRPC's write quota (64 KiB each): the
+// composer's Send to it blocks, and must block nothing else.
 func TestSlowEngine(t *testing.T) {
-	scenario(t, Options{}, func(r *run, i int) {
+	var pad []KeysetKey
+	for k := 0; k < slowPadKeys; k++ {
+		pad = append(pad, KeysetKey{Key: testutil.NewKey(t), State: KeyRetired})
+	}
+	scenario(t, Options{SmallWindows: true}, func(r *run, i int) {
 		slow := pick(r, r.m.Engines)
 		slow.Pause()
+		before := slow.Proxy.ToEngine()
 		var rest []string
 		for _, e := range r.m.Engines {
 			if e != slow {
 				rest = append(rest, e.Node)
 			}
 		}
+		// One keyset, bigger than the stopped engine's window and write
+		// quota together, then the changes: the composer picks the keyset
+		// up when it signs the first (it signs under the newest keyset).
+		r.m.Keyset = &Keyset{Version: r.m.Keyset.Version + 1, Keys: append([]KeysetKey{{Key: r.m.SigningKey, State: KeyActive}}, pad...)}
+		due := proto.Size(r.m.Keyset.Sign(t, r.m.Trust))
+		written := time.Now()
+		r.m.writeKeyset()
+		var worst time.Duration
 		for k := 0; k < 3; k++ {
 			r.newMotd(10*i + k)
 			r.healed("the others, with "+slow.Node+" stopped", rest...)
+			// Not merely within ConvergeBound: a Send blocked on the
+			// stopped engine's stream that held up the others would be
+			// freed by the server's keepalive (after 1m20s at most) and
+			// could pass that.
+			conv := r.converge[len(r.converge)-1]
+			if conv > slowBound {
+				r.t.Fatalf("the others waited for stopped %s: change %d converged in %s (bound %s)", slow.Node, k, conv.Round(time.Millisecond), slowBound)
+			}
+			worst = max(worst, conv)
+		}
+		r.waitKeysetTakenBy(r.m.Keyset.Version, rest...)
+		// The composer polls the signer's keyset every 10 s (and at once
+		// when a sign call finds it newer).
+		if took := time.Since(written); took > 10*time.Second+slowBound {
+			r.t.Fatalf("the others waited for stopped %s: keyset version %d taken %s after it was written", slow.Node, r.m.Keyset.Version, took.Round(time.Millisecond))
+		}
+		forwarded := slow.Proxy.ToEngine() - before
+		if due < 2*smallWindow || forwarded >= int64(due) {
+			r.t.Fatalf("%s's stream never filled: a keyset of %d bytes due to it, %d bytes forwarded to it while stopped", slow.Node, due, forwarded)
 		}
 		slow.Resume()
 		r.healed(slow.Node + " resumed")
+		r.note("iteration %d: %s stopped: a keyset of %d bytes due to it, %d bytes forwarded to it while stopped; the others converged on each change within %s", i, slow.Node, due, forwarded, worst.Round(time.Millisecond))
 	})
 }
 
+// slowPadKeys are the retired keys padding each keyset of TestSlowEngine,
+// about 170 KiB; slowBound how soon the others converge on each change
+// while one engine is stopped.
+const (
+	slowPadKeys = 2000
+	slowBound   = 5 * time.Second
+)
+
 // TestClockSkew: one engine's clock is an hour ahead and another's an hour
-// behind (the skew DESIGN.md §7 allows): they verify and apply every
-// change, and nothing expired or issued too far ahead is applied.
+// behind (the skew DESIGN.md §7 allows) and manifests live 30 minutes, so
+// the engine ahead takes them only thanks to that allowance: they verify
+// and apply every change. A manifest signed by the genuine key but expired
+// (beyond any skew), written straight into a node's assignment, is refused
+// as expired; nothing expired or issued too far ahead is applied.
 func TestClockSkew(t *testing.T) {
-	scenario(t, Options{ClockOffset: map[string]time.Duration{"ace": time.Hour, "bay": -time.Hour}}, func(r *run, i int) {
+	scenario(t, Options{ClockOffset: map[string]time.Duration{"ace": time.Hour, "bay": -time.Hour}, ManifestLifetime: 30 * time.Minute}, func(r *run, i int) {
 		r.newMotd(i)
 		r.healed("a change")
+		e := pick(r, r.m.Engines)
+		from := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		rev := r.forgeManifest(ctx, e.Node, r.m.SigningKey, func(m *typev1.Manifest) {
+			m.IssuedAt = timestamppb.New(time.Now().Add(-5 * time.Hour))
+			m.ExpiresAt = timestamppb.New(time.Now().Add(-4 * time.Hour))
+		})
+		f := r.waitRefused(e.Node, from, composerv1.ReasonCode_REASON_CODE_EXPIRED)
+		r.newMotd(100 + i)
+		r.healed("an expired manifest refused by " + e.Node)
+		r.note("iteration %d: expired r%d refused by %s (clock %s): %s", i, rev, e.Node, e.Offset, f.Reason)
 	})
 }

@@ -158,6 +158,10 @@ type Options struct {
 	// own; their interceptors run inside authorization (tests count
 	// handler calls).
 	ServerOptions []grpc.ServerOption
+	// DialOptions are applied after mesh's own when the engine dials the
+	// composer and the catalog (the fault harness shrinks the HTTP/2
+	// windows with them). nil in production.
+	DialOptions []grpc.DialOption
 }
 
 // Engine is a node engine built from a Config, ready to run.
@@ -265,7 +269,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Engine, err error) {
 
 	composer, catalog := opts.Composer, opts.Catalog
 	dial := func(target string) (*grpc.ClientConn, error) {
-		conn, err := grpcclient.Dial(target, clientTLS, grpcclient.WithTracerProvider(opts.TracerProvider), grpcclient.WithMeterProvider(opts.MeterProvider))
+		conn, err := grpcclient.Dial(target, clientTLS, append([]grpc.DialOption{grpcclient.WithTracerProvider(opts.TracerProvider), grpcclient.WithMeterProvider(opts.MeterProvider)}, opts.DialOptions...)...)
 		if err == nil {
 			a.conns = append(a.conns, conn)
 		}
