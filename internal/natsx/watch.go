@@ -81,11 +81,16 @@ var (
 type Watcher struct {
 	updates chan *Entry
 	stopped chan struct{}
-	done    chan struct{}
-	stop    sync.Once
-	k       *KV
-	cfg     jetstream.OrderedConsumerConfig
-	o       watchOptions
+	// halted ends with stopped: the delivery loop's reads wait under it,
+	// so a stop ends a read even when the iterator it stopped was being
+	// replaced (nats.go's ordered consumer recreating itself).
+	halted    context.Context
+	haltReads context.CancelFunc
+	done      chan struct{}
+	stop      sync.Once
+	k         *KV
+	cfg       jetstream.OrderedConsumerConfig
+	o         watchOptions
 
 	mu  sync.Mutex
 	err error
@@ -143,6 +148,7 @@ func (w *Watcher) halt() {
 		close(w.stopped)
 		it := w.it
 		w.mu.Unlock()
+		w.haltReads()
 		it.Stop()
 	})
 }
@@ -222,13 +228,15 @@ func (k *KV) watch(ctx context.Context, keys []string, o watchOptions) (*Watcher
 	case o.includeHistory:
 		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
 	}
+	halted, haltReads := context.WithCancel(context.Background())
 	w := &Watcher{
 		updates: make(chan *Entry, 256),
 		stopped: make(chan struct{}),
-		done:    make(chan struct{}),
-		k:       k,
-		cfg:     cfg,
-		o:       o,
+		halted:  halted, haltReads: haltReads,
+		done: make(chan struct{}),
+		k:    k,
+		cfg:  cfg,
+		o:    o,
 	}
 	if o.canStartOver() && !o.oneShot {
 		w.live = map[string]struct{}{}
@@ -368,7 +376,7 @@ func (w *Watcher) run(ctx context.Context, initPending uint64) {
 		w.mu.Lock()
 		it := w.it
 		w.mu.Unlock()
-		msg, err := it.Next()
+		msg, err := it.Next(jetstream.NextContext(w.halted))
 		if err != nil {
 			select {
 			case <-w.stopped:
