@@ -189,18 +189,31 @@ func notConvergedBecause(st *composerv1.NodeStatus) string {
 		}
 		if st := m.GetState(); st == composerv1.AttemptState_ATTEMPT_STATE_FAILED || st == composerv1.AttemptState_ATTEMPT_STATE_HELD ||
 			st == composerv1.AttemptState_ATTEMPT_STATE_STALE {
-			r := fmt.Sprintf("%s %s %s", m.GetModule(), strings.TrimPrefix(st.String(), "ATTEMPT_STATE_"),
-				strings.TrimPrefix(m.GetReasonCode().String(), "REASON_CODE_"))
-			if m.GetReason() != "" {
-				r += ": " + m.GetReason()
-			}
-			return r
+			return m.GetModule() + " " + attemptWords(m)
 		}
 	}
 	if st.GetAppliedRevision() != st.GetManifestRevision() {
 		return fmt.Sprintf("manifest r%d sent, the engine reports r%d", st.GetManifestRevision(), st.GetAppliedRevision())
 	}
 	return "applying"
+}
+
+// attemptWords is a module's last attempt as the status prints it: its
+// state, reason code and words ("FAILED DIGEST_MISMATCH: …"), each only
+// when set.
+func attemptWords(m *composerv1.ModuleStatus) string {
+	var parts []string
+	if m.GetState() != composerv1.AttemptState_ATTEMPT_STATE_UNSPECIFIED {
+		parts = append(parts, strings.TrimPrefix(m.GetState().String(), "ATTEMPT_STATE_"))
+	}
+	if m.GetReasonCode() != composerv1.ReasonCode_REASON_CODE_UNSPECIFIED {
+		parts = append(parts, strings.TrimPrefix(m.GetReasonCode().String(), "REASON_CODE_"))
+	}
+	words := strings.Join(parts, " ")
+	if m.GetReason() != "" {
+		words += ": " + m.GetReason()
+	}
+	return words
 }
 
 // RenderStatus writes the status table and, with why, the reasons.
@@ -253,14 +266,8 @@ func RenderStatus(w io.Writer, sts []*composerv1.NodeStatus, why bool, now time.
 				wanted, applied = orDash(shortDigest(m.GetWantedDigest())), orDash(shortDigest(m.GetAppliedDigest()))
 			}
 			fmt.Fprintf(&b, "  %s: wanted %s, applied %s", m.GetModule(), wanted, applied)
-			if m.GetState() != composerv1.AttemptState_ATTEMPT_STATE_UNSPECIFIED {
-				fmt.Fprintf(&b, "; last attempt %s", strings.TrimPrefix(m.GetState().String(), "ATTEMPT_STATE_"))
-			}
-			if m.GetReasonCode() != composerv1.ReasonCode_REASON_CODE_UNSPECIFIED {
-				fmt.Fprintf(&b, " %s", strings.TrimPrefix(m.GetReasonCode().String(), "REASON_CODE_"))
-			}
-			if m.GetReason() != "" {
-				fmt.Fprintf(&b, ": %s", m.GetReason())
+			if words := attemptWords(m); words != "" {
+				b.WriteString("; last attempt " + words)
 			}
 			if h := m.GetHold(); h != nil {
 				fmt.Fprintf(&b, "; held: %s", h.GetReason())

@@ -3,6 +3,7 @@ package testutil
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 
 	"mesh.dev/internal/authz"
 	"mesh.dev/internal/grpcclient"
@@ -108,4 +110,17 @@ func (w *testLogWriter) close() {
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
+}
+
+// Serving asks a server's gRPC health (the whole server) and returns an
+// error unless it answers SERVING.
+func Serving(ctx context.Context, conn grpc.ClientConnInterface) error {
+	resp, err := healthgrpc.NewHealthClient(conn).Check(ctx, &healthgrpc.HealthCheckRequest{})
+	if err != nil {
+		return err
+	}
+	if resp.GetStatus() != healthgrpc.HealthCheckResponse_SERVING {
+		return fmt.Errorf("health %s", resp.GetStatus())
+	}
+	return nil
 }

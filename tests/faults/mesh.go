@@ -35,7 +35,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
-	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 
 	"mesh.dev/internal/config"
 	"mesh.dev/internal/identity"
@@ -317,14 +316,7 @@ func (s *Service) healthy() error {
 	defer cancel()
 	conn := testutil.Dial(s.m.t, s.m.PKI, s.Addr, s.m.PKI.Identity(identity.RoleOperator, "admin"))
 	defer conn.Close()
-	resp, err := healthgrpc.NewHealthClient(conn).Check(ctx, &healthgrpc.HealthCheckRequest{})
-	if err != nil {
-		return err
-	}
-	if resp.GetStatus() != healthgrpc.HealthCheckResponse_SERVING {
-		return fmt.Errorf("health %s", resp.GetStatus())
-	}
-	return nil
+	return testutil.Serving(ctx, conn)
 }
 
 // Running reports whether the process runs.

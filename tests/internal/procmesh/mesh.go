@@ -14,10 +14,9 @@ import (
 	"testing"
 	"time"
 
-	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
-
 	"mesh.dev/internal/grpcclient"
 	"mesh.dev/internal/pki"
+	"mesh.dev/internal/testutil"
 	"mesh.dev/tests/internal/natsconf"
 )
 
@@ -404,14 +403,7 @@ func (m *Mesh) healthy(addr string) func(context.Context) error {
 			return err
 		}
 		defer conn.Close()
-		resp, err := healthgrpc.NewHealthClient(conn).Check(ctx, &healthgrpc.HealthCheckRequest{})
-		if err != nil {
-			return err
-		}
-		if resp.GetStatus() != healthgrpc.HealthCheckResponse_SERVING {
-			return fmt.Errorf("health %s", resp.GetStatus())
-		}
-		return nil
+		return testutil.Serving(ctx, conn)
 	}
 }
 

@@ -98,7 +98,8 @@ func sameStatus(a, b *composerv1.NodeStatus) bool {
 }
 
 func (p *Passer) writeStatus(ctx context.Context, st *nodeState, res *Result, asg *composerv1.Assignment) error {
-	return p.putStatus(ctx, res.Node, asg, st.haves, errors.Join(append([]error{res.Err}, st.problems...)...))
+	passErr := errors.Join(append([]error{res.Err}, st.problems...)...)
+	return p.putStatus(ctx, res.Node, asg, st.haves, func(*composerv1.NodeStatus) error { return passErr })
 }
 
 // statusAttempts bounds the CAS attempts of one status write; another
@@ -111,8 +112,9 @@ const statusAttempts = 3
 // before, used only when the record cannot be read now), by CAS. The engine
 // reports while a pass runs: a status built from the haves the pass read
 // at its start, written after a have report's refresh, would say the node
-// applied nothing until its next report.
-func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, lastErr error) error {
+// applied nothing until its next report. lastErr gives the compose error
+// to show, from the status being replaced.
+func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, lastErr func(prev *composerv1.NodeStatus) error) error {
 	var err error
 	for range statusAttempts {
 		prev, prevRev, perr := p.cfg.Store.NodeStatus(ctx, node)
@@ -134,7 +136,7 @@ func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Ass
 			seen = p.cfg.LastSeen(node)
 		}
 		at := p.cfg.Now()
-		next := BuildStatus(node, asg, haves, lastErr, prev, seen, at)
+		next := BuildStatus(node, asg, haves, lastErr(prev), prev, seen, at)
 		if sameStatus(prev, next) {
 			return nil
 		}
@@ -154,12 +156,13 @@ func (p *Passer) RefreshStatus(ctx context.Context, node string) error {
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	prev, _, err := p.cfg.Store.NodeStatus(ctx, node)
-	var lastErr error
-	if err == nil && prev.GetLastError() != "" {
-		lastErr = errors.New(prev.GetLastError())
-	}
 	// putStatus reads the haves; a record that does not decode counts as
-	// none, and the last pass's status says so.
-	return p.putStatus(ctx, node, asg, nil, lastErr)
+	// none, and the last pass's status says so. The last compose error
+	// stays.
+	return p.putStatus(ctx, node, asg, nil, func(prev *composerv1.NodeStatus) error {
+		if prev.GetLastError() == "" {
+			return nil
+		}
+		return errors.New(prev.GetLastError())
+	})
 }
