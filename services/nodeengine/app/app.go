@@ -162,6 +162,11 @@ type Options struct {
 	// composer and the catalog (the fault harness shrinks the HTTP/2
 	// windows with them). nil in production.
 	DialOptions []grpc.DialOption
+	// AfterApplyOp, when set, is called after each op of an apply (or of
+	// the replay of a journal) has run, with the ops done and the count of
+	// the journal's ops: the fault harness kills the engine between ops.
+	// nil in production.
+	AfterApplyOp func(done, total int)
 }
 
 // Engine is a node engine built from a Config, ready to run.
@@ -262,7 +267,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Engine, err error) {
 	if opts.OnCommit != nil {
 		store = observed{Store: store, fn: opts.OnCommit}
 	}
-	applier, err := apply.New(apply.Config{Root: cfg.Root, Prefixes: cfg.AllowPrefixes, StateDir: cfg.StateDir, Logger: log})
+	applier, err := apply.New(apply.Config{Root: cfg.Root, Prefixes: cfg.AllowPrefixes, StateDir: cfg.StateDir, Logger: log, AfterOp: opts.AfterApplyOp})
 	if err != nil {
 		return nil, err
 	}

@@ -90,6 +90,10 @@ type Config struct {
 	// adopted/ (the prior content of adopted paths).
 	StateDir string
 	Logger   *slog.Logger
+	// AfterOp, when set, is called after each op of an apply or replay has
+	// run, with the ops done and the journal's count (a test hook: the
+	// fault harness kills the engine there; nil in production).
+	AfterOp func(done, total int)
 }
 
 type prefix struct {
@@ -104,6 +108,7 @@ type Applier struct {
 	adoptedDir string
 	log        *slog.Logger
 	euid, egid int
+	afterOp    func(done, total int)
 
 	mu     sync.Mutex
 	warned map[string]bool
@@ -123,7 +128,7 @@ func New(cfg Config) (*Applier, error) {
 	}
 	a := &Applier{
 		stageDir: filepath.Join(cfg.StateDir, "stage"), adoptedDir: filepath.Join(cfg.StateDir, "adopted"),
-		log: cfg.Logger, euid: os.Geteuid(), egid: os.Getegid(), warned: map[string]bool{},
+		log: cfg.Logger, euid: os.Geteuid(), egid: os.Getegid(), warned: map[string]bool{}, afterOp: cfg.AfterOp,
 	}
 	for _, d := range []string{a.stageDir, a.adoptedDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {

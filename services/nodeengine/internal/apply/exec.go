@@ -264,6 +264,9 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 	for _, op := range j.Ops {
 		rec, err := a.runOp(op, ids)
 		res.Ops++
+		if a.afterOp != nil {
+			a.afterOp(res.Ops, len(j.Ops))
+		}
 		if err != nil {
 			m := op.Module
 			if m == "" && op.Prev != nil {
