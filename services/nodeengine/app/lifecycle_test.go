@@ -14,6 +14,7 @@ import (
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	nodeenginev1 "mesh.dev/proto/mesh/nodeengine/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
+	"mesh.dev/services/nodeengine/app"
 )
 
 func ino(t testing.TB, p string) uint64 {
@@ -238,6 +239,35 @@ func TestComposerDownAtStart(t *testing.T) {
 	})
 	r.eng.Engine.Pass(context.Background())
 	sameTree(t, before, snapshot(t, w.root))
+}
+
+// TestKeptHavesBeforeTheFirstPass opens an engine that applied a
+// composition before and runs no pass: its status and the Hello it would
+// send already say what is applied, not nothing.
+func TestKeptHavesBeforeTheFirstPass(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	r := w.start(t)
+	m1 := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "one")))
+	r.waitApplied(t, m1)
+	applied := haveOf(r.status(t), names.NodeModule).GetApplied().GetDigest()
+	r.stop()
+	if applied == "" {
+		t.Fatal("no applied composition of the node's own module before the restart")
+	}
+
+	eng, err := app.New(context.Background(), w.cfg, app.Options{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	if got := haveOf(eng.Engine.Status(), names.NodeModule).GetApplied().GetDigest(); got != applied {
+		t.Errorf("status before the first pass: %s applied, want %s", got, applied)
+	}
+	hello, _ := eng.Engine.Hello()
+	if got := haveOf(&nodeenginev1.GetStatusResponse{Haves: hello.GetHaves()}, names.NodeModule).GetApplied().GetDigest(); got != applied {
+		t.Errorf("hello before the first pass: %s applied, want %s (haves %v)", got, applied, hello.GetHaves())
+	}
 }
 
 // TestFirstViewsAndEntryAgain lists entries in every state and kept wants,

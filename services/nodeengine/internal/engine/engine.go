@@ -293,7 +293,13 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	} else if kept.Journal == nil {
 		cfg.Applier.ClearStage()
 	}
-
+	// Until the first pass has judged anything, the haves say what the
+	// kept state holds applied: a Hello the Sync client sends before that
+	// pass ends (it may wait on fetches) does not tell the composer the
+	// node holds nothing, and the admin API answers the same.
+	e.mu.Lock()
+	e.publishLocked(nil, nil, now)
+	e.mu.Unlock()
 	return e, nil
 }
 
