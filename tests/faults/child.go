@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"mesh.dev/internal/config"
@@ -51,8 +52,14 @@ type childSpec struct {
 	// Commits is where an engine appends each durable commit (one JSON
 	// line, fsynced).
 	Commits string `json:"commits,omitempty"`
-	// Faults is the signer's fault plan, read at every sign call.
+	// Faults is the signer's fault plan, read at every sign call, or an
+	// engine's (an engineFault), read after every op of an apply.
 	Faults string `json:"faults,omitempty"`
+	// OpenOnly, set for an engine, only opens it (which finishes or rolls
+	// back a journal a kill left, and nothing else: no pass, no stream),
+	// writes its status as it stands then to this file (protojson) and
+	// closes it.
+	OpenOnly string `json:"open_only,omitempty"`
 	// SmallWindows dials an engine's connections with grpc-go's smallest
 	// HTTP/2 windows (64 KiB, fixed: no BDP growth) instead of mesh's.
 	SmallWindows bool `json:"small_windows,omitempty"`
@@ -137,13 +144,19 @@ func runRole(ctx context.Context, spec childSpec, log *slog.Logger, ready func(n
 		if spec.SmallWindows {
 			dial = append(dial, grpc.WithInitialWindowSize(smallWindow), grpc.WithInitialConnWindowSize(smallWindow))
 		}
-		return nodeengineapp.Run(ctx, cfg, nodeengineapp.Options{Logger: log,
+		ef := &engineFaults{path: spec.Faults, log: log}
+		opts := nodeengineapp.Options{Logger: log,
+			AfterApplyOp:     ef.afterOp,
 			DialOptions:      dial,
 			Now:              func() time.Time { return time.Now().Add(offset) },
 			OnCommit:         commits.add,
 			EntryBackoffBase: 100 * time.Millisecond, SyncBackoffBase: 100 * time.Millisecond, SyncBackoffMax: time.Second,
 			Ready: ready,
-		})
+		}
+		if spec.OpenOnly != "" {
+			return openOnly(ctx, cfg, opts, spec.OpenOnly)
+		}
+		return nodeengineapp.Run(ctx, cfg, opts)
 	}
 	return fmt.Errorf("unknown role %q", spec.Role)
 }
@@ -210,6 +223,60 @@ func (l *commitLog) add(c nodeengineapp.Committed) {
 }
 
 func (l *commitLog) close() { l.f.Close() }
+
+// openOnly opens an engine, writes its status to path and closes it.
+func openOnly(ctx context.Context, cfg nodeengineapp.Config, opts nodeengineapp.Options, path string) error {
+	a, err := nodeengineapp.New(ctx, cfg, opts)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	b, err := protojson.Marshal(a.Engine.Status())
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
+}
+
+// engineFault is an engine's fault plan: the engine kills itself (SIGKILL)
+// after op 1+(AfterOps-1)%ops of the first apply it runs once the plan is
+// written — between two ops, or after the last one and before the commit:
+// some or all of the change is on disk, the journal says what is left, and
+// the applied state is not yet moved. It fires once: not again once Fired
+// exists (the restarted engine's replay runs the same journal).
+type engineFault struct {
+	AfterOps int    `json:"after_ops"`
+	Fired    string `json:"fired"`
+}
+
+type engineFaults struct {
+	path string
+	log  *slog.Logger
+}
+
+func (f *engineFaults) afterOp(done, total int) {
+	if f.path == "" || total < 1 {
+		return
+	}
+	var p engineFault
+	b, err := os.ReadFile(f.path)
+	if err != nil || json.Unmarshal(b, &p) != nil || p.AfterOps <= 0 || p.Fired == "" {
+		return
+	}
+	if _, err := os.Stat(p.Fired); err == nil {
+		return
+	}
+	if done != 1+(p.AfterOps-1)%total {
+		return
+	}
+	f.log.Warn("fault: the engine kills itself mid-apply", "done", done, "ops", total)
+	writeFired(p.Fired, fired{What: fmt.Sprintf("engine killed itself after %d of %d ops", done, total), Killed: true})
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {}
+}
 
 // smallWindow is grpc-go's initial (and smallest) HTTP/2 window.
 const smallWindow = 64 << 10

@@ -35,6 +35,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"mesh.dev/internal/config"
 	"mesh.dev/internal/identity"
@@ -201,7 +202,7 @@ func (m *Mesh) newEngine(node string, composers []string) *Engine {
 		Root: root, StateDir: filepath.Join(dir, "state"), RootsFile: m.RootsFile, AllowPrefixes: Prefixes,
 		ComposerAddr: p.Addr(), CatalogAddr: m.Catalog.Addr, AdminListen: admin,
 		CertFile: m.cert(identity.RoleNode, node), KeyFile: m.key(identity.RoleNode, node), CAFile: m.PKI.CAFile(),
-	}, childSpec{ClockOffset: m.opts.ClockOffset[node], Commits: filepath.Join(dir, "commits.jsonl"), SmallWindows: m.opts.SmallWindows})
+	}, childSpec{ClockOffset: m.opts.ClockOffset[node], Commits: filepath.Join(dir, "commits.jsonl"), Faults: filepath.Join(dir, "faults.json"), SmallWindows: m.opts.SmallWindows})
 	svc.Addr = admin
 	e := &Engine{Service: svc, Node: node, Root: root, Commits: svc.spec.Commits, Proxy: p, Offset: m.opts.ClockOffset[node]}
 	e.admin = nodeenginev1.NewNodeEngineServiceClient(m.dial(admin, identity.RoleOperator, "admin"))
@@ -355,6 +356,37 @@ func (s *Service) Stop() {
 			s.m.t.Errorf("%s: %v", s.Name, err)
 		}
 	}
+}
+
+// Opened runs the engine's process only to open it — which finishes or
+// rolls back a journal a kill left, and runs no pass and no stream — and
+// returns its status as it stood then: its kept state after the replay
+// and before anything else could touch the disk. The engine must not run.
+func (e *Engine) Opened() *nodeenginev1.GetStatusResponse {
+	t := e.m.t
+	t.Helper()
+	spec := e.spec
+	spec.OpenOnly = filepath.Join(e.m.Dir, "config", e.Name+".opened.json")
+	_ = os.Remove(spec.OpenOnly)
+	specFile := e.specFile + ".open"
+	b, err := json.Marshal(spec)
+	must(t, err)
+	must(t, os.WriteFile(specFile, b, 0o600))
+	p, err := procmesh.StartProc(e.Name+"-open", e.logPath, "", []string{childEnv + "=" + specFile}, os.Args[0], "-test.run=^$")
+	must(t, err)
+	select {
+	case <-p.Done():
+	case <-time.After(startTimeout):
+		p.Kill()
+		t.Fatalf("%s: opening it alone did not end within %s\n%s", e.Name, startTimeout, p.Output(16<<10))
+	}
+	b, err = os.ReadFile(spec.OpenOnly)
+	if err != nil {
+		t.Fatalf("%s: opened alone, it wrote no status: %v\n%s", e.Name, err, p.Output(16<<10))
+	}
+	st := &nodeenginev1.GetStatusResponse{}
+	must(t, protojson.Unmarshal(b, st))
+	return st
 }
 
 // Pause stops the process in place (SIGSTOP): it holds its connections

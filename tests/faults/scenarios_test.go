@@ -2,9 +2,11 @@ package faults
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"mesh.dev/internal/natsx"
 	"mesh.dev/internal/testutil"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	nodeenginev1 "mesh.dev/proto/mesh/nodeengine/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 	signerapp "mesh.dev/services/signer/app"
 )
@@ -357,25 +360,109 @@ func TestEngineCutOffAndHealed(t *testing.T) {
 	})
 }
 
-// TestEngineKilledMidApply: an engine is killed with SIGKILL at a random
-// moment while it applies a change of several modules, and restarted: the
-// change is fully applied, never half (the journal is finished or rolled
-// back), and the motd on disk is the new one.
+// TestEngineKilledMidApply: an engine kills itself (SIGKILL) inside an
+// apply of a change of two modules — after a number of its ops drawn from
+// the seed, between two ops or after the last one and before the commit —
+// and is then opened alone, which replays the journal the kill left and does
+// nothing else (no pass, no stream: nothing but the journal can finish the
+// change). Then, for each changed module, the file on disk is the new one
+// exactly when the engine's kept state says the new composition is applied:
+// never a file written with its module still recorded at the previous
+// composition (a half apply), never the reverse. Restarted and healed, the
+// fleet converges and the motd on disk is the new one.
 func TestEngineKilledMidApply(t *testing.T) {
+	files := map[string]string{"motd": "etc/motd", "ca-bundle": "etc/ssl/certs/mesh-ca-bundle.pem"}
 	scenario(t, Options{}, func(r *run, i int) {
 		e := pick(r, r.m.Engines)
 		tag := fmt.Sprintf("%s iteration %d", t.Name(), i)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		before, err := e.Status(ctx)
+		cancel()
+		must(t, err)
+		prev := appliedByModule(before)
+		// Cut off while the change is composed, the engine gets all of it
+		// at once when healed.
+		e.Proxy.Cut()
 		r.expect["motd"] = r.m.PublishMotd(tag)
 		r.expect["ca-bundle"] = r.m.publish("ca-bundle", changedCopy(t, "ca-bundle", "files/ca-bundle.pem", "# "+tag+"\n"))
-		time.Sleep(r.between(0, 400*time.Millisecond))
-		e.Kill()
+		r.waitFor("the composer composed the change for "+e.Node, time.Minute, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			a, _, err := r.m.Assignment(ctx, e.Node)
+			if err != nil {
+				return err
+			}
+			for module := range files {
+				if !wantsAt(a, module, r.expect[module]) {
+					return fmt.Errorf("%s's assignment does not want the new %s yet", e.Node, module)
+				}
+			}
+			return nil
+		})
+		firedPath := filepath.Join(r.m.Dir, fmt.Sprintf("engine-fired-%d.jsonl", i))
+		plan, err := json.Marshal(engineFault{AfterOps: 1 + r.rng.IntN(1000), Fired: firedPath})
+		must(t, err)
+		must(t, os.WriteFile(e.spec.Faults+".tmp", plan, 0o600))
+		must(t, os.Rename(e.spec.Faults+".tmp", e.spec.Faults))
+		e.Proxy.Heal()
+		e.WaitEnded(time.Minute)
+		b, err := os.ReadFile(firedPath)
+		if err != nil {
+			r.t.Fatalf("%s ended without killing itself mid-apply: %v\n%s", e.Node, err, e.Output(8<<10))
+		}
+		var what fired
+		must(t, json.Unmarshal(b, &what))
+
+		kept := appliedByModule(e.Opened())
+		var moved []string
+		for module, file := range files {
+			content, err := os.ReadFile(filepath.Join(e.Root, file))
+			if err != nil {
+				r.t.Fatalf("%s after %s and a replay: /%s: %v", e.Node, what.What, file, err)
+			}
+			onDisk := strings.Contains(string(content), tag)
+			recorded := kept[module] != prev[module]
+			switch {
+			case onDisk && !recorded:
+				r.t.Fatalf("%s after %s and a replay: /%s is the new %s, but the engine keeps the previous composition %s applied: the apply is half done (the journal was not finished)",
+					e.Node, what.What, file, module, prev[module])
+			case !onDisk && recorded:
+				r.t.Fatalf("%s after %s and a replay: the engine keeps composition %s of %s applied, but /%s is still the previous one",
+					e.Node, what.What, kept[module], module, file)
+			case onDisk:
+				moved = append(moved, module)
+			}
+		}
+		sort.Strings(moved)
+		must(t, os.Remove(e.spec.Faults))
 		e.Start()
 		r.healed(e.Node + " restarted")
-		b, err := os.ReadFile(filepath.Join(e.Root, "etc", "motd"))
-		if err != nil || !strings.Contains(string(b), tag) {
-			r.t.Fatalf("%s: /etc/motd after the kill is %q (%v), want the version saying %q", e.Node, b, err, tag)
+		motd, err := os.ReadFile(filepath.Join(e.Root, "etc", "motd"))
+		if err != nil || !strings.Contains(string(motd), tag) {
+			r.t.Fatalf("%s: /etc/motd after the kill is %q (%v), want the version saying %q", e.Node, motd, err, tag)
 		}
+		r.note("iteration %d: %s %s; the replay left %v new", i, e.Node, what.What, moved)
 	})
+}
+
+// appliedByModule is the applied composition digest of each module an
+// engine's status reports.
+func appliedByModule(st *nodeenginev1.GetStatusResponse) map[string]string {
+	out := map[string]string{}
+	for _, h := range st.GetHaves() {
+		out[h.GetModule()] = h.GetApplied().GetDigest()
+	}
+	return out
+}
+
+// wantsAt reports whether an assignment wants module at fingerprint fp.
+func wantsAt(a *composerv1.Assignment, module, fp string) bool {
+	for _, w := range a.GetWants() {
+		if w.GetModule() == module && w.GetFingerprint() == fp {
+			return true
+		}
+	}
+	return false
 }
 
 // TestCorruptCompositionAndObject: bad bytes are written straight into a
