@@ -624,9 +624,15 @@ func (a *Applier) prepareContent(p *Prepared, d *desired, pr *prefix, rel string
 			}
 			break
 		}
+		op.Kind, op.Stage = state.OpWrite, rec.Digest
+		if in, ok := r.GetContent().(*typev1.Resource_Inline); ok {
+			// Signed with the composition and kept with the op in the
+			// journal: no staged copy to write, fsync and remove.
+			op.InJournal, op.Inline = true, in.Inline
+			break
+		}
 		_, size, _ := contentDigest(d.comp, r)
 		p.stage = append(p.stage, stageItem{module: module, comp: d.comp, res: r, digest: rec.Digest, size: size})
-		op.Kind, op.Stage = state.OpWrite, rec.Digest
 	case state.TypeDir:
 		switch {
 		case dk.exists && dk.typ == state.TypeDir && !a.metaDiffers(dk, rec, uid, gid):

@@ -1,6 +1,7 @@
 package apply
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -113,11 +114,8 @@ func (a *Applier) stageOne(ctx context.Context, it stageItem, src Source) *Failu
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
 	cw := NewCutWriter(tmp, it.size)
-	if inline, ok := it.res.GetContent().(*typev1.Resource_Inline); ok {
-		_, err = cw.Write(inline.Inline)
-	} else {
-		err = src.Fetch(ctx, it.comp, it.res, it.digest, it.size, cw)
-	}
+	// Inline content is never staged: the op carries it (Op.InJournal).
+	err = src.Fetch(ctx, it.comp, it.res, it.digest, it.size, cw)
 	what := describe(it)
 	switch {
 	case errors.Is(err, ErrSizeExceeded):
@@ -261,17 +259,18 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 	}
 	// Owners and groups are looked up once per apply, not once per op.
 	ids := newIDs()
+	syncs := &dirSyncs{modules: map[dirKey][]string{}}
 	for _, op := range j.Ops {
-		rec, err := a.runOp(op, ids)
+		m := op.Module
+		if m == "" && op.Prev != nil {
+			m = op.Prev.Module
+		}
+		rec, err := a.runOp(op, ids, func(k dirKey) { syncs.add(k, m) })
 		res.Ops++
 		if a.afterOp != nil {
 			a.afterOp(res.Ops, len(j.Ops))
 		}
 		if err != nil {
-			m := op.Module
-			if m == "" && op.Prev != nil {
-				m = op.Prev.Module
-			}
 			if _, ok := res.Failed[m]; !ok {
 				res.Failed[m] = fail(codeWrite, "%s: %v", op.Path, err)
 			}
@@ -282,6 +281,26 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 			delete(res.Ledger, op.Path)
 		} else {
 			res.Ledger[op.Path] = rec
+		}
+	}
+	// Every directory an op renamed, made or removed something in is
+	// fsynced once, after the last op and before the commit: nothing is
+	// recorded applied before it is durable. A module whose directory does
+	// not sync is not recorded applied; the next pass tries it again.
+	for _, k := range syncs.order {
+		err := syncDir(k.root, k.dir)
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			// A later op removed or replaced it: that op changed its
+			// parent, which is synced.
+			continue
+		}
+		if err != nil {
+			for _, m := range syncs.modules[k] {
+				if _, ok := res.Failed[m]; !ok {
+					res.Failed[m] = fail(codeWrite, "fsync of directory %s: %v", k.path, err)
+				}
+			}
+			a.log.Error("directory fsync failed", slog.String("dir", k.path), slog.Any("error", err))
 		}
 	}
 	c := &state.Commit{Compositions: map[string]*typev1.Envelope{}, ClearJournal: true}
@@ -320,7 +339,7 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 		return res
 	}
 	for _, op := range j.Ops {
-		if op.Kind == state.OpWrite {
+		if op.Kind == state.OpWrite && !op.InJournal {
 			os.Remove(a.stagePath(op.Stage))
 		}
 		if op.Kind == state.OpRestore && op.Stage != "" {
@@ -403,12 +422,13 @@ func randHex() string {
 var errLeft = errors.New("not what the engine made")
 
 // runOp runs one op and returns the ledger record it leaves (nil: none).
-func (a *Applier) runOp(op state.Op, ids *ids) (*state.LedgerRecord, error) {
+func (a *Applier) runOp(op state.Op, ids *ids, changed func(dirKey)) (*state.LedgerRecord, error) {
 	pr, rel, ok := a.locate(op.Path)
 	if !ok {
 		return op.Prev, fmt.Errorf("%s is outside the allowed prefixes", op.Path)
 	}
 	root := pr.root
+	dirChanged := func(dir string) { changed(dirKey{root: root, dir: dir, path: path.Join(pr.path, dir)}) }
 	owner := func(r *state.LedgerRecord) (int, int, error) {
 		uid, err := ids.user(r.Owner)
 		if err != nil {
@@ -428,11 +448,15 @@ func (a *Applier) runOp(op state.Op, ids *ids) (*state.LedgerRecord, error) {
 		r := op.Record
 		switch op.Kind {
 		case state.OpWrite:
-			err = a.writeFile(root, rel, a.stagePath(op.Stage), op.Stage, modeOf(r), uid, gid)
+			src := writeSource{path: a.stagePath(op.Stage)}
+			if op.InJournal {
+				src = writeSource{inline: op.Inline, inJournal: true}
+			}
+			err = a.writeFile(root, rel, src, op.Stage, modeOf(r), uid, gid, dirChanged)
 		case state.OpMkdir:
-			err = a.mkdir(root, rel, modeOf(r), uid, gid)
+			err = a.mkdir(root, rel, modeOf(r), uid, gid, dirChanged)
 		case state.OpSymlink:
-			err = a.symlink(root, rel, r.Digest, uid, gid)
+			err = a.symlink(root, rel, r.Digest, uid, gid, dirChanged)
 		case state.OpMeta:
 			err = a.meta(root, rel, r.Type, modeOf(r), uid, gid)
 		}
@@ -462,15 +486,16 @@ func (a *Applier) runOp(op state.Op, ids *ids) (*state.LedgerRecord, error) {
 			}
 			return op.Prev, err
 		}
-		return nil, syncDir(root, path.Dir(rel))
+		dirChanged(path.Dir(rel))
+		return nil, nil
 	case state.OpRestore:
 		prior := op.Prev.Adopted
 		var err error
 		switch prior.Type {
 		case state.TypeFile:
-			err = a.writeFile(root, rel, a.adoptedPath(prior.Digest), prior.Digest, prior.Mode, prior.UID, prior.GID)
+			err = a.writeFile(root, rel, writeSource{path: a.adoptedPath(prior.Digest)}, prior.Digest, prior.Mode, prior.UID, prior.GID, dirChanged)
 		case state.TypeSymlink:
-			err = a.symlink(root, rel, prior.Target, prior.UID, prior.GID)
+			err = a.symlink(root, rel, prior.Target, prior.UID, prior.GID, dirChanged)
 		case state.TypeDir:
 			err = a.meta(root, rel, state.TypeDir, prior.Mode, prior.UID, prior.GID)
 		}
@@ -506,7 +531,29 @@ func (a *Applier) fdMeta(f *os.File, mode uint32, setMode bool, uid, gid int) er
 	return opErr
 }
 
-func (a *Applier) writeFile(root *os.Root, rel, src, digest string, mode uint32, uid, gid int) error {
+// writeSource is where a write's content comes from: a staged or adopted
+// file, or bytes the journal holds with the op.
+type writeSource struct {
+	path      string
+	inline    []byte
+	inJournal bool
+}
+
+func (w writeSource) open() (io.ReadCloser, error) {
+	if w.inJournal {
+		return io.NopCloser(bytes.NewReader(w.inline)), nil
+	}
+	f, err := os.Open(w.path)
+	if err != nil {
+		return nil, fmt.Errorf("staged content: %w", err)
+	}
+	return f, nil
+}
+
+// writeFile puts content in place through a temp file beside the path
+// (fsynced, then renamed over it); dirChanged is told the directory, which
+// the apply fsyncs before it commits.
+func (a *Applier) writeFile(root *os.Root, rel string, src writeSource, digest string, mode uint32, uid, gid int, dirChanged func(string)) error {
 	dk, err := look(root, rel, true)
 	if err != nil {
 		return err
@@ -517,9 +564,9 @@ func (a *Applier) writeFile(root *os.Root, rel, src, digest string, mode uint32,
 	if dk.typ == state.TypeFile && dk.digest == digest {
 		return a.meta(root, rel, state.TypeFile, mode, uid, gid)
 	}
-	in, err := os.Open(src)
+	in, err := src.open()
 	if err != nil {
-		return fmt.Errorf("staged content %s: %w", digest, err)
+		return fmt.Errorf("%s: %w", digest, err)
 	}
 	defer in.Close()
 	dir := path.Dir(rel)
@@ -560,10 +607,11 @@ func (a *Applier) writeFile(root *os.Root, rel, src, digest string, mode uint32,
 		return err
 	}
 	ok = true
-	return syncDir(root, dir)
+	dirChanged(dir)
+	return nil
 }
 
-func (a *Applier) mkdir(root *os.Root, rel string, mode uint32, uid, gid int) error {
+func (a *Applier) mkdir(root *os.Root, rel string, mode uint32, uid, gid int, dirChanged func(string)) error {
 	dk, err := look(root, rel, false)
 	if err != nil {
 		return err
@@ -581,9 +629,7 @@ func (a *Applier) mkdir(root *os.Root, rel string, mode uint32, uid, gid int) er
 		if err := root.Mkdir(rel, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return err
 		}
-		if err := syncDir(root, path.Dir(rel)); err != nil {
-			return err
-		}
+		dirChanged(path.Dir(rel))
 	}
 	return a.meta(root, rel, state.TypeDir, mode, uid, gid)
 }
@@ -610,7 +656,7 @@ func (a *Applier) meta(root *os.Root, rel, typ string, mode uint32, uid, gid int
 	return a.fdMeta(f, mode, true, uid, gid)
 }
 
-func (a *Applier) symlink(root *os.Root, rel, target string, uid, gid int) error {
+func (a *Applier) symlink(root *os.Root, rel, target string, uid, gid int, dirChanged func(string)) error {
 	dk, err := look(root, rel, false)
 	if err != nil {
 		return err
@@ -640,7 +686,36 @@ func (a *Applier) symlink(root *os.Root, rel, target string, uid, gid int) error
 		root.Remove(tmp)
 		return err
 	}
-	return syncDir(root, dir)
+	dirChanged(dir)
+	return nil
+}
+
+// dirKey is a directory of a prefix's root: dir relative to it, path the
+// machine's.
+type dirKey struct {
+	root *os.Root
+	dir  string
+	path string
+}
+
+// dirSyncs are the directories an apply changed, in the order first
+// changed, with the modules whose ops changed each.
+type dirSyncs struct {
+	order   []dirKey
+	modules map[dirKey][]string
+}
+
+func (s *dirSyncs) add(k dirKey, module string) {
+	ms, ok := s.modules[k]
+	if !ok {
+		s.order = append(s.order, k)
+	}
+	for _, m := range ms {
+		if m == module {
+			return
+		}
+	}
+	s.modules[k] = append(ms, module)
 }
 
 func syncDir(root *os.Root, dir string) error {

@@ -242,8 +242,14 @@ type Op struct {
 	Record *LedgerRecord `json:"record,omitempty"`
 	// Prev is the ledger record before the op (nil when none).
 	Prev *LedgerRecord `json:"prev,omitempty"`
-	// Stage is the digest of the staged content a write or restore copies.
+	// Stage is the digest of the content a write or restore puts in place:
+	// staged under the state dir, or carried by the op itself (InJournal).
 	Stage string `json:"stage,omitempty"`
+	// InJournal says a write's content is Inline (possibly empty), the
+	// composition's inline bytes kept in the journal with the op: nothing
+	// is staged for it, and a replay after a crash writes it from here.
+	InJournal bool   `json:"in_journal,omitempty"`
+	Inline    []byte `json:"inline,omitempty"`
 }
 
 // Journal is the intent of one apply: its ops and what to commit when they
