@@ -44,8 +44,8 @@ func changeDisk(tb testing.TB) (*Applier, string) {
 	return a, root
 }
 
-// changeComp is generation gen of module bench: a directory and files
-// files of 480 bytes inline, all owned by the running user.
+// changeComp is generation gen of module bench: a directory and the given
+// number of files of 480 bytes inline, all owned by the running user.
 func changeComp(tb testing.TB, gen, files int) *Composition {
 	u, err := user.Current()
 	if err != nil {

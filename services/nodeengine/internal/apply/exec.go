@@ -554,15 +554,14 @@ func (w writeSource) open() (io.ReadCloser, error) {
 // (fsynced, then renamed over it); dirChanged is told the directory, which
 // the apply fsyncs before it commits.
 func (a *Applier) writeFile(root *os.Root, rel string, src writeSource, digest string, mode uint32, uid, gid int, dirChanged func(string)) error {
-	dk, err := look(root, rel, true)
+	// Not hashed again: Prepare found other content there, and a replay
+	// writing content that is already in place writes the same bytes.
+	dk, err := look(root, rel, false)
 	if err != nil {
 		return err
 	}
 	if dk.special != "" {
 		return fmt.Errorf("%s is a %s", rel, dk.special)
-	}
-	if dk.typ == state.TypeFile && dk.digest == digest {
-		return a.meta(root, rel, state.TypeFile, mode, uid, gid)
 	}
 	in, err := src.open()
 	if err != nil {
