@@ -95,7 +95,16 @@ func refusals(st *nodeenginev1.GetStatusResponse) []string {
 // converged waits until the composer reports every node converged and
 // every engine has applied the manifest its assignment holds; meanwhile it
 // records every failed attempt an engine reports.
-func converged(ctx context.Context, m *onebox.Mesh, failed map[string]bool) error {
+func converged(ctx context.Context, m *onebox.Mesh, failed map[string]bool, logs *syncBuffer) error {
+	err := waitConverged(ctx, m, failed)
+	if err != nil && logs != nil {
+		l := logs.String()
+		err = fmt.Errorf("%w\n--- the end of the mesh's log:\n%s", err, l[max(0, len(l)-32<<10):])
+	}
+	return err
+}
+
+func waitConverged(ctx context.Context, m *onebox.Mesh, failed map[string]bool) error {
 	asg, err := natsx.OpenKV(ctx, m.JetStream, natsx.BucketAssignments)
 	if err != nil {
 		return err
@@ -121,6 +130,16 @@ func converged(ctx context.Context, m *onebox.Mesh, failed map[string]bool) erro
 			}
 			if st.GetApplied().GetRevision() != held.GetManifestRevision() || st.GetApplied().GetDigest() != held.GetManifestDigest() {
 				ok, why = false, fmt.Sprintf("%s applied revision %d, its assignment holds %d", e.Node, st.GetApplied().GetRevision(), held.GetManifestRevision())
+				continue
+			}
+			// The engine's own pass on that manifest has run: an engine
+			// just restarted has its kept manifest applied before it.
+			wanted := map[string]string{}
+			for _, w := range held.GetWants() {
+				wanted[w.GetModule()] = w.GetCompositionDigest()
+			}
+			if got := viewOf(st).wants; !mapsEqual(got, wanted) {
+				ok, why = false, fmt.Sprintf("%s has not passed on its manifest yet: it wants %v, the assignment %v", e.Node, got, wanted)
 			}
 		}
 		if !ok {
@@ -135,7 +154,8 @@ func converged(ctx context.Context, m *onebox.Mesh, failed map[string]bool) erro
 		}
 		for _, st := range sts {
 			if !st.GetConverged() {
-				return false, fmt.Sprintf("%s not converged: %s", st.GetNode(), st.GetLastError())
+				return false, fmt.Sprintf("%s not converged (status written %s): last error %q, manifest r%d, applied r%d, modules %v",
+					st.GetNode(), st.GetUpdatedAt().AsTime().Format(time.RFC3339Nano), st.GetLastError(), st.GetManifestRevision(), st.GetAppliedRevision(), st.GetModules())
 			}
 		}
 		return true, ""
@@ -206,7 +226,7 @@ func TestBackupRestoreFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	failed := map[string]bool{}
-	if err := converged(ctx, m, failed); err != nil {
+	if err := converged(ctx, m, failed, logs); err != nil {
 		t.Fatal(err)
 	}
 
@@ -221,7 +241,7 @@ func TestBackupRestoreFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	running = m
-	if err := converged(ctx, m, failed); err != nil {
+	if err := converged(ctx, m, failed, logs); err != nil {
 		t.Fatal(err)
 	}
 
@@ -289,7 +309,7 @@ func TestBackupRestoreFleet(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := converged(ctx, m, failed); err != nil {
+	if err := converged(ctx, m, failed, logs); err != nil {
 		t.Fatal(err)
 	}
 	highWater := map[string]uint64{}
@@ -345,7 +365,7 @@ func TestBackupRestoreFleet(t *testing.T) {
 	}
 	running = m2
 	start = time.Now()
-	if err := converged(ctx, m2, failed); err != nil {
+	if err := converged(ctx, m2, failed, logs2); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("the fleet converged %s after the restart on the restored JetStream", time.Since(start).Round(time.Millisecond))
@@ -522,7 +542,7 @@ func TestBackupRestoreKeepsHeldMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	failed := map[string]bool{}
-	if err := converged(ctx, m, failed); err != nil {
+	if err := converged(ctx, m, failed, nil); err != nil {
 		t.Fatal(err)
 	}
 	// A new postgres release: MANUAL, so the node holds it.
@@ -583,7 +603,7 @@ func TestBackupRestoreKeepsHeldMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	running = m2
-	if err := converged(ctx, m2, failed); err != nil {
+	if err := converged(ctx, m2, failed, logs); err != nil {
 		t.Fatal(err)
 	}
 	st, err = engineStatus(ctx, m2, m2.Engines[0])
