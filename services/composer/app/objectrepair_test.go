@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	"mesh.dev/internal/lint"
@@ -22,17 +23,20 @@ import (
 // the composition naming it refused for its content — longer than declared
 // (SIZE_EXCEEDED) or another digest (DIGEST_MISMATCH), signing the
 // manifest again so the engine tries again at once — and when it writes a
-// composition naming it; it does not hash every object at every pass.
+// composition naming it; it does not hash every object at every pass. An
+// object whose chunks were lost under its description (its bytes never
+// come: FETCH_FAILED) is put again the same way.
 func TestCorruptObjectPutAgain(t *testing.T) {
 	t.Parallel()
 	big := fill(lint.MaxInlineContent+1, 'b')
 	cases := []struct {
 		name  string
 		code  composerv1.ReasonCode
-		bytes []byte
+		bytes []byte // nil: the object's chunks are lost instead
 	}{
 		{"longer than declared", composerv1.ReasonCode_REASON_CODE_SIZE_EXCEEDED, bytes.Repeat([]byte("not the bytes of the digest "), 3000)},
 		{"other bytes of the same size", composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH, fill(len(big), 'x')},
+		{"chunks lost", composerv1.ReasonCode_REASON_CODE_FETCH_FAILED, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -57,6 +61,13 @@ func TestCorruptObjectPutAgain(t *testing.T) {
 			// Signed again, so the engine tries again at once.
 			repaired(t, w, "a", map[string]string{}, a.GetManifestRevision())
 
+			if tc.bytes == nil {
+				// Chunks lost under a version of the object the composer
+				// verified are found through the engines' reports, as
+				// above; a composition written naming it trusts the
+				// verified version.
+				return
+			}
 			// A composition written naming it checks it too.
 			corrupt(t, w, digest, tc.bytes)
 			other := proto.Clone(spec).(*composerv1.NodeSpec)
@@ -68,13 +79,24 @@ func TestCorruptObjectPutAgain(t *testing.T) {
 	}
 }
 
-// corrupt stores other bytes under an object's name, past the composer.
+// corrupt stores other bytes under an object's name, past the composer;
+// with b nil it purges the object's chunks and leaves its description (what
+// a put a crash cut short leaves).
 func corrupt(t testing.TB, w *ct.World, digest string, b []byte) {
 	t.Helper()
-	st, err := w.JS.ObjectStore(context.Background(), natsx.ObjectStoreObjects)
+	ctx := context.Background()
+	st, err := w.JS.ObjectStore(ctx, natsx.ObjectStoreObjects)
 	ct.Must(t, err)
-	_, err = st.PutBytes(context.Background(), digest, b)
+	if b != nil {
+		_, err = st.PutBytes(ctx, digest, b)
+		ct.Must(t, err)
+		return
+	}
+	info, err := st.GetInfo(ctx, digest)
 	ct.Must(t, err)
+	stream, err := w.JS.Stream(ctx, "OBJ_"+natsx.ObjectStoreObjects)
+	ct.Must(t, err)
+	ct.Must(t, stream.Purge(ctx, jetstream.WithPurgeSubject(fmt.Sprintf("$O.%s.C.%s", natsx.ObjectStoreObjects, info.NUID))))
 }
 
 func objectRepaired(t testing.TB, w *ct.World, digest string, want []byte) {

@@ -105,7 +105,10 @@ type ComposerServiceClient interface {
 	// GetObject streams an object a composition names. Callers: node (only
 	// when the composition is the caller's, exists and names the digest),
 	// operator. Codes: INVALID_ARGUMENT, PERMISSION_DENIED, NOT_FOUND,
-	// DATA_LOSS (the composition naming it does not decode; as GetComposition).
+	// DATA_LOSS (the composition naming it does not decode; as GetComposition),
+	// UNAVAILABLE (the object's bytes do not come: it was put again meanwhile,
+	// or its chunks were lost; retry: an engine's FETCH_FAILED report makes the
+	// composer check it and put it again).
 	GetObject(ctx context.Context, in *GetObjectRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetObjectResponse], error)
 }
 
@@ -354,7 +357,10 @@ type ComposerServiceServer interface {
 	// GetObject streams an object a composition names. Callers: node (only
 	// when the composition is the caller's, exists and names the digest),
 	// operator. Codes: INVALID_ARGUMENT, PERMISSION_DENIED, NOT_FOUND,
-	// DATA_LOSS (the composition naming it does not decode; as GetComposition).
+	// DATA_LOSS (the composition naming it does not decode; as GetComposition),
+	// UNAVAILABLE (the object's bytes do not come: it was put again meanwhile,
+	// or its chunks were lost; retry: an engine's FETCH_FAILED report makes the
+	// composer check it and put it again).
 	GetObject(*GetObjectRequest, grpc.ServerStreamingServer[GetObjectResponse]) error
 	mustEmbedUnimplementedComposerServiceServer()
 }

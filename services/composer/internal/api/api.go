@@ -117,7 +117,7 @@ func Policy() authz.Policy {
 
 // toStatus turns an error into a gRPC status: validation → INVALID_ARGUMENT
 // naming the field, absent → NOT_FOUND, CAS conflict → ABORTED, not the
-// lease holder → UNAVAILABLE, else INTERNAL with the detail only logged.
+// lease holder or an object whose bytes do not come → UNAVAILABLE, else INTERNAL with the detail only logged.
 func (s *Server) toStatus(ctx context.Context, method string, err error) error {
 	var fe *fieldError
 	var le *lint.Error
@@ -136,6 +136,12 @@ func (s *Server) toStatus(ctx context.Context, method string, err error) error {
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, errPrecondition):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, natsx.ErrObjectStalled):
+		// Its bytes do not come (put again meanwhile, or chunks lost): the
+		// engine retries, and its FETCH_FAILED makes the composer check the
+		// object and put it again when it is damaged.
+		s.log.WarnContext(ctx, "request failed", "method", method, "error", err)
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):

@@ -289,7 +289,8 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 		}
 	}
 	// The compositions whose objects the engine found other bytes in
-	// (DIGEST_MISMATCH or SIZE_EXCEEDED): their objects are hashed again.
+	// (DIGEST_MISMATCH or SIZE_EXCEEDED) or could not fetch (FETCH_FAILED):
+	// their objects are hashed again.
 	suspect := suspectKeys(st.haves)
 	var toSign []*item
 	for _, it := range work {
@@ -487,13 +488,20 @@ func (p *Passer) holdObjects(ctx context.Context, node string, it *item, check b
 		}
 		if held && (check || !p.objects.verified(d, info.NUID)) {
 			ok, herr := p.objectHashes(ctx, d)
-			if herr != nil {
+			_, ours := it.objects[d]
+			switch {
+			case herr != nil && !ours:
 				return fmt.Errorf("%s: resource %s: object %s of node %s cannot be read to check it (%v); not written", it.key, r.GetId(), d, node, herr)
-			}
-			if !ok {
+			case herr != nil:
+				// Its description is there but its bytes do not come (a
+				// put a crash cut short, chunks lost): this pass has the
+				// bytes and puts them again.
+				held, why = false, fmt.Sprintf("its stored bytes cannot be read (%v)", herr)
+				p.cfg.Logger.WarnContext(ctx, "an object's stored bytes cannot be read: put again", "object", d, "key", it.key, "node", node, "error", herr)
+			case !ok:
 				held, why = false, "its stored bytes do not hash to its name"
 				p.cfg.Logger.WarnContext(ctx, "an object's stored bytes do not hash to its name", "object", d, "key", it.key, "node", node)
-			} else {
+			default:
 				p.objects.remember(d, info.NUID)
 			}
 		}
@@ -530,7 +538,9 @@ func (p *Passer) objectHashes(ctx context.Context, digest string) (bool, error) 
 }
 
 // suspectKeys are the composition keys of a node's attempts that failed for
-// the content of a file: DIGEST_MISMATCH or SIZE_EXCEEDED.
+// the content of a file: DIGEST_MISMATCH or SIZE_EXCEEDED, or FETCH_FAILED
+// (an object whose bytes do not come: its chunks lost under its
+// description).
 func suspectKeys(h *composerv1.HaveRecord) map[string]bool {
 	out := map[string]bool{}
 	for _, hv := range h.GetHaves() {
@@ -539,7 +549,8 @@ func suspectKeys(h *composerv1.HaveRecord) map[string]bool {
 			continue
 		}
 		switch a.GetReasonCode() {
-		case composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH, composerv1.ReasonCode_REASON_CODE_SIZE_EXCEEDED:
+		case composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH, composerv1.ReasonCode_REASON_CODE_SIZE_EXCEEDED,
+			composerv1.ReasonCode_REASON_CODE_FETCH_FAILED:
 			out[a.GetKey()] = true
 		}
 	}
