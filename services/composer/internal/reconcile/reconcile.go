@@ -403,10 +403,15 @@ func (r *Reconciler) watchHaves(ctx context.Context) error {
 			r.Enqueue(tctx, e.Key, "engine reported a change")
 		case (!known || reported(rec) > reported(old)) && r.aboveHeld(ctx, e.Key, rec):
 			r.Enqueue(tctx, e.Key, "engine reported a manifest revision above the held one")
-		case !known:
-			// The first record seen after a start: the full reconcile
-			// covers it.
+		case !known && !leading:
+			// The first record seen after a start: the full reconcile,
+			// which starts with the tenure, covers it.
 		case leading:
+			// While leading the full reconcile may have passed this node
+			// already: a record the watch delivers with its first values
+			// (written while it caught up, an engine's first report after
+			// a restart) would otherwise leave the status it wrote from
+			// the record before until the next full visit.
 			if err := r.cfg.Passer.RefreshStatus(tctx, e.Key); err != nil {
 				r.cfg.Logger.Warn("refresh status", "node", e.Key, "error", err)
 			}
