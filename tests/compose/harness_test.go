@@ -6,8 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	mathrand "math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +18,7 @@ import (
 
 	"mesh.dev/internal/grpcclient"
 	"mesh.dev/internal/pki"
+	"mesh.dev/internal/testutil"
 )
 
 // repoRoot is the checkout this test runs in (tests/compose is two below).
@@ -92,43 +91,9 @@ func newDeployment(t *testing.T, cli []string, root, dir string) *deployment {
 		d.env = append(d.env, "MESH_TAG="+tag)
 	}
 	for _, v := range []string{"CATALOG", "SIGNER", "COMPOSER1", "COMPOSER2", "NODE_ACE", "NODE_BAY", "NODE_COD", "NATS0", "NATS1", "NATS2"} {
-		d.env = append(d.env, fmt.Sprintf("MESH_%s_PORT=%d", v, freePort(t)))
+		d.env = append(d.env, fmt.Sprintf("MESH_%s_PORT=%d", v, testutil.FreePort(t)))
 	}
 	return d
-}
-
-// freePort returns a loopback port nothing listens on now, below the
-// kernel's ephemeral range: a port the kernel hands out (port 0) can be
-// taken by any outgoing connection of the tests running beside this one in
-// the minutes before docker binds it ("address already in use"); one below
-// the range is only ever taken by an explicit bind.
-func freePort(t *testing.T) int {
-	t.Helper()
-	lo := ephemeralLow()
-	for range 200 {
-		port := 10000 + mathrand.IntN(lo-10000)
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		return port
-	}
-	t.Fatalf("no free loopback port between 10000 and %d", lo)
-	return 0
-}
-
-// ephemeralLow is the low end of the kernel's ephemeral port range (Linux's
-// default when it cannot be read).
-func ephemeralLow() int {
-	lo := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		var a, z int
-		if n, _ := fmt.Sscan(string(b), &a, &z); n == 2 && a > 10000+100 {
-			lo = a
-		}
-	}
-	return lo
 }
 
 // run runs a command with a deadline and returns its combined output.

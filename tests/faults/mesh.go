@@ -24,7 +24,6 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -453,7 +452,7 @@ type NATSServer struct {
 
 func (m *Mesh) startNATS() *NATSServer {
 	t := m.t
-	port, mon := freePort(t), freePort(t)
+	port, mon := testutil.FreePort(t), testutil.FreePort(t)
 	s := &NATSServer{URL: fmt.Sprintf("nats://127.0.0.1:%d", port), Monitor: fmt.Sprintf("127.0.0.1:%d", mon),
 		StoreDir: filepath.Join(m.Dir, "nats", "store"), logPath: filepath.Join(m.Dir, "logs", "nats-server.log"),
 		bin: procmesh.Tool(t, "nats-server"), t: t}
@@ -553,12 +552,4 @@ func must(t testing.TB, err error) {
 	}
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func freeAddr(t testing.TB) string { return fmt.Sprintf("127.0.0.1:%d", freePort(t)) }
+func freeAddr(t testing.TB) string { return testutil.FreeAddr(t) }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -472,20 +471,9 @@ func (m *Mesh) stop() {
 	}
 }
 
-// freePort returns a loopback TCP port nothing listens on now.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t testing.TB) int { return testutil.FreePort(t) }
 
-func freeAddr(t testing.TB) string {
-	return fmt.Sprintf("127.0.0.1:%d", freePort(t))
-}
+func freeAddr(t testing.TB) string { return testutil.FreeAddr(t) }
 
 // Run runs bin with args in dir (the test's directory when ""), env added
 // to the test's environment, and returns its combined output.
