@@ -58,6 +58,40 @@ func (r *run) leaseHolder2(old *Service) *Service {
 	}
 }
 
+// composedFor waits until node's assignment wants each module at the
+// fingerprint r.expect holds for it (the composer composed the change and
+// committed it) and returns that assignment.
+func (r *run) composedFor(node string, modules ...string) *composerv1.Assignment {
+	r.t.Helper()
+	var a *composerv1.Assignment
+	r.waitFor("the composer composed the change for "+node, time.Minute, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		got, _, err := r.m.Assignment(ctx, node)
+		if err != nil {
+			return err
+		}
+		for _, m := range modules {
+			if wantOf(got, m).GetFingerprint() != r.expect[m] {
+				return fmt.Errorf("%s's assignment does not want the new %s yet", node, m)
+			}
+		}
+		a = got
+		return nil
+	})
+	return a
+}
+
+// wantOf is an assignment's want of module, nil when it has none.
+func wantOf(a *composerv1.Assignment, module string) *typev1.Want {
+	for _, w := range a.GetWants() {
+		if w.GetModule() == module {
+			return w
+		}
+	}
+	return nil
+}
+
 // waitSignedBy waits until every node's current manifest and every
 // composition it names are signed by key id (and only by it).
 func (r *run) waitSignedBy(id string) {

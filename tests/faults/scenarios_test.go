@@ -385,20 +385,7 @@ func TestEngineKilledMidApply(t *testing.T) {
 		e.Proxy.Cut()
 		r.expect["motd"] = r.m.PublishMotd(tag)
 		r.expect["ca-bundle"] = r.m.publish("ca-bundle", changedCopy(t, "ca-bundle", "files/ca-bundle.pem", "# "+tag+"\n"))
-		r.waitFor("the composer composed the change for "+e.Node, time.Minute, func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			a, _, err := r.m.Assignment(ctx, e.Node)
-			if err != nil {
-				return err
-			}
-			for module := range files {
-				if !wantsAt(a, module, r.expect[module]) {
-					return fmt.Errorf("%s's assignment does not want the new %s yet", e.Node, module)
-				}
-			}
-			return nil
-		})
+		r.composedFor(e.Node, "motd", "ca-bundle")
 		firedPath := filepath.Join(r.m.Dir, fmt.Sprintf("engine-fired-%d.jsonl", i))
 		plan, err := json.Marshal(engineFault{AfterOps: 1 + r.rng.IntN(1000), Fired: firedPath})
 		must(t, err)
@@ -455,16 +442,6 @@ func appliedByModule(st *nodeenginev1.GetStatusResponse) map[string]string {
 	return out
 }
 
-// wantsAt reports whether an assignment wants module at fingerprint fp.
-func wantsAt(a *composerv1.Assignment, module, fp string) bool {
-	for _, w := range a.GetWants() {
-		if w.GetModule() == module && w.GetFingerprint() == fp {
-			return true
-		}
-	}
-	return false
-}
-
 // TestCorruptCompositionAndObject: bad bytes are written straight into a
 // composition key and into an object a node is about to fetch (the engine
 // is cut off while the composer writes them, and the corruption lands
@@ -489,26 +466,11 @@ func TestCorruptCompositionAndObject(t *testing.T) {
 			tag := fmt.Sprintf("%s iteration %d attempt %d", t.Name(), i, attempt)
 			r.expect["motd"] = r.m.PublishMotd(tag)
 			r.expect["ca-bundle"] = r.m.publish("ca-bundle", changedCopy(t, "ca-bundle", "files/ca-bundle.pem", "# "+tag+"\n"))
-			key, object = "", ""
-			r.waitFor("the composer composed the change for "+e.Node, time.Minute, func() error {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				a, _, err := r.m.Assignment(ctx, e.Node)
-				if err != nil {
-					return err
-				}
-				for _, w := range a.GetWants() {
-					if w.GetModule() == "motd" && w.GetFingerprint() == r.expect["motd"] {
-						key = w.GetCompositionKey()
-					}
-				}
-				if key == "" {
-					return fmt.Errorf("%s's assignment does not want the new motd yet", e.Node)
-				}
-				object, err = r.newObjectOf(ctx, e.Node, "ca-bundle")
-				return err
-			})
+			key = wantOf(r.composedFor(e.Node, "motd", "ca-bundle"), "motd").GetCompositionKey()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			var err error
+			object, err = r.newObjectOf(ctx, e.Node, "ca-bundle")
+			must(t, err)
 			must(t, r.m.CorruptComposition(ctx, key))
 			must(t, r.m.CorruptObject(ctx, object))
 			cancel()
@@ -588,20 +550,7 @@ func TestReplayOldManifestAndComposition(t *testing.T) {
 		r.healed("the change before the replay")
 		e.Proxy.Cut()
 		r.newMotd(100 + i)
-		var key string
-		r.waitFor("the composer composed the change for "+e.Node, time.Minute, func() error {
-			a, _, err := r.m.Assignment(ctx, e.Node)
-			if err != nil {
-				return err
-			}
-			for _, w := range a.GetWants() {
-				if w.GetModule() == "motd" && w.GetFingerprint() == r.expect["motd"] {
-					key = w.GetCompositionKey()
-					return nil
-				}
-			}
-			return fmt.Errorf("%s's assignment does not want the new motd yet", e.Node)
-		})
+		key := wantOf(r.composedFor(e.Node, "motd"), "motd").GetCompositionKey()
 		r.putRaw(ctx, natsx.BucketCompositions, key, oldComposition)
 		r.m.Rec.Inject(key)
 		r.putRaw(ctx, natsx.BucketAssignments, e.Node, oldAssignment)

@@ -529,18 +529,26 @@ func TestObjectSweep(t *testing.T) {
 	}
 }
 
+// aceWithTwoModules starts a composer that passes only when asked, with
+// sshd and motd released and placed on node ace, not yet composed.
+func aceWithTwoModules(t *testing.T) (w *ct.World, c *ct.Composer, sshdFP, motdFP string) {
+	t.Helper()
+	w = ct.New(t)
+	c = w.StartManual(t, "one")
+	sshdFP = w.Release(t, ct.SSHD("1.0", ""), nil)
+	motdFP = w.Release(t, ct.Motd("1.0"), nil)
+	waitFingerprint(t, c, "sshd", sshdFP)
+	waitFingerprint(t, c, "motd", motdFP)
+	c.PutNode(t, ct.Spec("ace", "sshd", "motd"))
+	return w, c, sshdFP, motdFP
+}
+
 // TestSigningBatched covers DESIGN.md §5.2 step 3: every composition of a
 // node that differs is signed in one batch — one SignCompositions request
 // naming them all, not one request per composition.
 func TestSigningBatched(t *testing.T) {
 	t.Parallel()
-	w := ct.New(t)
-	c := w.StartManual(t, "one")
-	sshdFP := w.Release(t, ct.SSHD("1.0", ""), nil)
-	motdFP := w.Release(t, ct.Motd("1.0"), nil)
-	waitFingerprint(t, c, "sshd", sshdFP)
-	waitFingerprint(t, c, "motd", motdFP)
-	c.PutNode(t, ct.Spec("ace", "sshd", "motd"))
+	w, c, sshdFP, motdFP := aceWithTwoModules(t)
 	before := len(auditLines(t, w))
 	if res := c.Pass(t, "ace"); res.Err != nil {
 		t.Fatal(res.Err)
@@ -568,13 +576,7 @@ func TestSigningBatched(t *testing.T) {
 // node's own composition is never written before the modules' of its pass.
 func TestOwnWrittenLast(t *testing.T) {
 	t.Parallel()
-	w := ct.New(t)
-	c := w.StartManual(t, "one")
-	sshdFP := w.Release(t, ct.SSHD("1.0", ""), nil)
-	motdFP := w.Release(t, ct.Motd("1.0"), nil)
-	waitFingerprint(t, c, "sshd", sshdFP)
-	waitFingerprint(t, c, "motd", motdFP)
-	c.PutNode(t, ct.Spec("ace", "sshd", "motd"))
+	w, c, _, _ := aceWithTwoModules(t)
 	rec := w.RecordWrites(t, natsx.BucketCompositions)
 	if res := c.Pass(t, "ace"); res.Err != nil {
 		t.Fatal(res.Err)

@@ -570,7 +570,12 @@ func (r *running) status(t testing.TB) *nodeenginev1.GetStatusResponse {
 }
 
 func haveOf(s *nodeenginev1.GetStatusResponse, module string) *composerv1.Have {
-	for _, h := range s.GetHaves() {
+	return haveIn(s.GetHaves(), module)
+}
+
+// haveIn is module's have among hs, nil when none.
+func haveIn(hs []*composerv1.Have, module string) *composerv1.Have {
+	for _, h := range hs {
 		if h.GetModule() == module {
 			return h
 		}

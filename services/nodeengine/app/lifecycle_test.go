@@ -216,15 +216,22 @@ func haveAttemptCode(hs []*composerv1.Have, module string) composerv1.ReasonCode
 	return 0
 }
 
+// appliedOnce runs an engine until it applied a first manifest naming the
+// node's own composition of one file.
+func appliedOnce(t *testing.T) (*world, *running) {
+	t.Helper()
+	w := newWorld(t)
+	r := w.start(t)
+	r.waitApplied(t, w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "one"))))
+	return w, r
+}
+
 // TestComposerDownAtStart starts an engine with its composer unreachable:
 // it applies nothing new, reports its kept state and says it is not
 // connected.
 func TestComposerDownAtStart(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	r := w.start(t)
-	m1 := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "one")))
-	r.waitApplied(t, m1)
+	w, r := appliedOnce(t)
 	r.stop()
 	before := snapshot(t, w.root)
 
@@ -246,10 +253,7 @@ func TestComposerDownAtStart(t *testing.T) {
 // send already say what is applied, not nothing.
 func TestKeptHavesBeforeTheFirstPass(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	r := w.start(t)
-	m1 := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "one")))
-	r.waitApplied(t, m1)
+	w, r := appliedOnce(t)
 	applied := haveOf(r.status(t), names.NodeModule).GetApplied().GetDigest()
 	r.stop()
 	if applied == "" {
@@ -265,7 +269,7 @@ func TestKeptHavesBeforeTheFirstPass(t *testing.T) {
 		t.Errorf("status before the first pass: %s applied, want %s", got, applied)
 	}
 	hello, _ := eng.Engine.Hello()
-	if got := haveOf(&nodeenginev1.GetStatusResponse{Haves: hello.GetHaves()}, names.NodeModule).GetApplied().GetDigest(); got != applied {
+	if got := haveIn(hello.GetHaves(), names.NodeModule).GetApplied().GetDigest(); got != applied {
 		t.Errorf("hello before the first pass: %s applied, want %s (haves %v)", got, applied, hello.GetHaves())
 	}
 }

@@ -288,7 +288,7 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 	// recorded applied before it is durable. A module whose directory does
 	// not sync is not recorded applied; the next pass tries it again.
 	for _, k := range syncs.order {
-		err := syncDir(k.root, k.dir)
+		err := syncDir(k.prefix.root, k.dir)
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 			// A later op removed or replaced it: that op changed its
 			// parent, which is synced.
@@ -297,10 +297,10 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 		if err != nil {
 			for _, m := range syncs.modules[k] {
 				if _, ok := res.Failed[m]; !ok {
-					res.Failed[m] = fail(codeWrite, "fsync of directory %s: %v", k.path, err)
+					res.Failed[m] = fail(codeWrite, "fsync of directory %s: %v", k.path(), err)
 				}
 			}
-			a.log.Error("directory fsync failed", slog.String("dir", k.path), slog.Any("error", err))
+			a.log.Error("directory fsync failed", slog.String("dir", k.path()), slog.Any("error", err))
 		}
 	}
 	c := &state.Commit{Compositions: map[string]*typev1.Envelope{}, ClearJournal: true}
@@ -428,7 +428,7 @@ func (a *Applier) runOp(op state.Op, ids *ids, changed func(dirKey)) (*state.Led
 		return op.Prev, fmt.Errorf("%s is outside the allowed prefixes", op.Path)
 	}
 	root := pr.root
-	dirChanged := func(dir string) { changed(dirKey{root: root, dir: dir, path: path.Join(pr.path, dir)}) }
+	dirChanged := func(dir string) { changed(dirKey{prefix: pr, dir: dir}) }
 	owner := func(r *state.LedgerRecord) (int, int, error) {
 		uid, err := ids.user(r.Owner)
 		if err != nil {
@@ -689,13 +689,14 @@ func (a *Applier) symlink(root *os.Root, rel, target string, uid, gid int, dirCh
 	return nil
 }
 
-// dirKey is a directory of a prefix's root: dir relative to it, path the
-// machine's.
+// dirKey is a directory of a prefix, dir relative to its root.
 type dirKey struct {
-	root *os.Root
-	dir  string
-	path string
+	prefix *prefix
+	dir    string
 }
+
+// path is the directory's path on the machine.
+func (k dirKey) path() string { return path.Join(k.prefix.path, k.dir) }
 
 // dirSyncs are the directories an apply changed, in the order first
 // changed, with the modules whose ops changed each.
