@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -75,6 +76,13 @@ var (
 	regressionTick       = 250 * time.Millisecond
 	regressionCheckEvery = 5 * time.Second
 	regressionRetry      = time.Second
+	// A watch waiting for its next message while its keys hold one it has
+	// not delivered, on every check for stallAfter, has stalled: its
+	// consumer is gone or silent and the client library did not notice.
+	// The watch then resumes on a new consumer after what it delivered.
+	stallAfter = 15 * time.Second
+	// resumeRetry bounds the wait between attempts to make that consumer.
+	resumeRetry = 10 * time.Second
 )
 
 // Watcher delivers the entries of a watch in revision order.
@@ -110,6 +118,17 @@ type Watcher struct {
 	live map[string]struct{}
 	// regressions counts how often the watch started over.
 	regressions int
+	// waiting is set while the delivery loop waits for the next message
+	// (not while it waits for its reader).
+	waiting bool
+	// floor is the stream sequence the watch's consumer started after
+	// (what its info called delivered at creation).
+	floor uint64
+	// resume is set when the check found the watch stalled: the delivery
+	// loop resumes on a new consumer after the last delivered message.
+	resume bool
+	// resumes counts how often the watch resumed after a stall.
+	resumes int
 }
 
 // Updates returns the channel of entries. A nil entry marks that every value
@@ -132,6 +151,15 @@ func (w *Watcher) Regressions() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.regressions
+}
+
+// Resumes returns how many times the watch resumed on a new consumer
+// because the one it read was gone or silent while its keys held messages
+// it had not delivered.
+func (w *Watcher) Resumes() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.resumes
 }
 
 // Stop ends the watch, deletes its consumer and waits until Updates is
@@ -173,6 +201,12 @@ func (w *Watcher) halt() {
 // none now, then a nil marker. After that marker what the watch delivered
 // is what the bucket holds. A watch that cannot start over (IncludeHistory,
 // UpdatesOnly, ResumeFromRevision) ends with ErrRegressed instead.
+//
+// And it survives a consumer that falls silent: gone with the server that
+// held it, or delivering nothing, while the client library sees no error.
+// A watch waiting for its next message while its keys hold one after the
+// last it delivered, on every check for stallAfter, resumes on a new
+// consumer after that message (Resumes counts it, and a warning is logged).
 func (k *KV) Watch(ctx context.Context, keys string, opts ...WatchOption) (*Watcher, error) {
 	var filters []string
 	if keys != "" {
@@ -241,7 +275,7 @@ func (k *KV) watch(ctx context.Context, keys []string, o watchOptions) (*Watcher
 	if o.canStartOver() && !o.oneShot {
 		w.live = map[string]struct{}{}
 	}
-	initPending, err := w.open(ctx)
+	initPending, err := w.open(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -266,20 +300,21 @@ func (k *KV) watch(ctx context.Context, keys []string, o watchOptions) (*Watcher
 	return w, nil
 }
 
-// open creates the watch's consumer and its message iterator and returns
-// how many messages were pending at its creation: the initial values.
-func (w *Watcher) open(ctx context.Context) (uint64, error) {
+// open creates the watch's consumer of cfg and its message iterator and
+// returns how many messages were pending at its creation: the initial
+// values.
+func (w *Watcher) open(ctx context.Context, cfg jetstream.OrderedConsumerConfig) (uint64, error) {
 	stream := kvStreamName(w.k.bucket)
-	cons, err := w.k.js.OrderedConsumer(ctx, stream, w.cfg)
+	cons, err := w.k.js.OrderedConsumer(ctx, stream, cfg)
 	if err != nil {
 		return 0, err
 	}
 	// What was pending when the consumer was created is what the initial
 	// values are; counting deliveries against it (or seeing nothing left
 	// pending) tells when they are done, as nats.go does.
-	var initPending uint64
+	var initPending, floor uint64
 	if info := cons.CachedInfo(); info != nil {
-		initPending = info.NumPending
+		initPending, floor = info.NumPending, info.Delivered.Stream
 	}
 	it, err := cons.Messages()
 	if err != nil {
@@ -296,8 +331,14 @@ func (w *Watcher) open(ctx context.Context) (uint64, error) {
 		return 0, errWatchStopped
 	default:
 	}
-	w.it, w.cons = it, cons
+	w.it, w.cons, w.floor = it, cons, floor
 	return initPending, nil
+}
+
+// watchNext reads a watch's next message; tests replace it to make a
+// consumer fall silent.
+var watchNext = func(it jetstream.MessagesContext, ctx context.Context) (jetstream.Msg, error) {
+	return it.Next(jetstream.NextContext(ctx))
 }
 
 // errWatchStopped is returned by open when the watch was stopped meanwhile.
@@ -375,8 +416,12 @@ func (w *Watcher) run(ctx context.Context, initPending uint64) {
 	for {
 		w.mu.Lock()
 		it := w.it
+		w.waiting = true
 		w.mu.Unlock()
-		msg, err := it.Next(jetstream.NextContext(w.halted))
+		msg, err := watchNext(it, w.halted)
+		w.mu.Lock()
+		w.waiting = false
+		w.mu.Unlock()
 		if err != nil {
 			select {
 			case <-w.stopped:
@@ -384,9 +429,24 @@ func (w *Watcher) run(ctx context.Context, initPending uint64) {
 			default:
 			}
 			w.mu.Lock()
-			restart := w.restart && errors.Is(err, jetstream.ErrMsgIteratorClosed)
-			w.restart = false
+			closed := errors.Is(err, jetstream.ErrMsgIteratorClosed)
+			restart := w.restart && closed
+			resume := w.resume && closed && !restart
+			w.restart, w.resume = false, false
 			w.mu.Unlock()
+			if resume {
+				pending, fresh, ok := w.resumeAfterStall(ctx, initDone)
+				if !ok {
+					return
+				}
+				if fresh {
+					received, initPending = 0, pending
+					if !initDone && pending == 0 && !endInit() {
+						return
+					}
+				}
+				continue
+			}
 			if !restart {
 				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 					w.fail(MapError(err))
@@ -395,7 +455,7 @@ func (w *Watcher) run(ctx context.Context, initPending uint64) {
 			}
 			// The stream went back: start over from what it holds now.
 			w.cleanup()
-			pending, err := w.open(ctx)
+			pending, err := w.open(ctx, w.cfg)
 			if err != nil {
 				w.fail(fmt.Errorf("start the watch over after the stream went back: %w", err))
 				return
@@ -462,6 +522,10 @@ func (w *Watcher) check(ctx context.Context) {
 	tick := time.NewTicker(regressionTick)
 	defer tick.Stop()
 	due := time.Now().Add(regressionCheckEvery)
+	// suspect is since when the watch has waited with a message of its
+	// keys it did not deliver, and suspectSeq what it had delivered then.
+	var suspect time.Time
+	var suspectSeq uint64
 	for {
 		select {
 		case <-w.done:
@@ -484,9 +548,99 @@ func (w *Watcher) check(ctx context.Context) {
 		}
 		due = time.Now().Add(regressionCheckEvery)
 		if regressed {
+			suspect = time.Time{}
 			w.startOver()
 			w.tellRegressed()
+			continue
 		}
+		behind, seq, err := w.undelivered(ctx)
+		switch {
+		case err != nil || !behind:
+			suspect = time.Time{}
+		case suspect.IsZero() || seq != suspectSeq:
+			suspect, suspectSeq = time.Now(), seq
+		case time.Since(suspect) >= stallAfter:
+			suspect = time.Time{}
+			w.resumeNow()
+		}
+	}
+}
+
+// undelivered reports whether the watch waits for its next message while
+// its keys hold one after the last it delivered (and after where its
+// consumer started), with that last delivered sequence. A direct get may
+// be served by a replica that lags: it can miss a message, never invent
+// one.
+func (w *Watcher) undelivered(ctx context.Context) (bool, uint64, error) {
+	w.mu.Lock()
+	waiting, last, floor := w.waiting, w.lastSeq, w.floor
+	w.mu.Unlock()
+	if !waiting {
+		return false, last, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for _, subject := range w.cfg.FilterSubjects {
+		_, err := w.k.stream.GetMsg(ctx, max(last, floor)+1, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return false, last, err
+		}
+		return true, last, nil
+	}
+	return false, last, nil
+}
+
+// resumeNow makes the delivery loop resume on a new consumer (see
+// resumeAfterStall).
+func (w *Watcher) resumeNow() {
+	w.mu.Lock()
+	w.resume = true
+	it := w.it
+	w.mu.Unlock()
+	it.Stop()
+}
+
+// resumeAfterStall replaces a stalled watch's consumer by one that delivers
+// what follows the last delivered message (or, while the initial values
+// are not all delivered and none was, the watch's own consumer again),
+// trying until it is made or the watch stops (false). It returns the new
+// consumer's pending count and whether the initial values are counted from
+// it again (fresh).
+func (w *Watcher) resumeAfterStall(ctx context.Context, initDone bool) (pending uint64, fresh, ok bool) {
+	w.cleanup()
+	w.mu.Lock()
+	last, floor := w.lastSeq, w.floor
+	w.mu.Unlock()
+	cfg := w.cfg
+	if initDone || last > 0 {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = max(last, floor) + 1
+	}
+	delay := regressionRetry
+	for {
+		pending, err := w.open(ctx, cfg)
+		if err == nil {
+			w.mu.Lock()
+			w.resumes++
+			w.mu.Unlock()
+			slog.Default().Warn("a watch resumed on a new consumer: its consumer was gone or silent while its keys held messages it had not delivered",
+				"bucket", w.k.bucket, "filter", strings.Join(w.cfg.FilterSubjects, ","), "after_revision", max(last, floor), "initial_values_done", initDone)
+			return pending, !initDone, true
+		}
+		if errors.Is(err, errWatchStopped) {
+			return 0, false, false
+		}
+		select {
+		case <-w.stopped:
+			return 0, false, false
+		case <-ctx.Done():
+			return 0, false, false
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, resumeRetry)
 	}
 }
 
