@@ -89,6 +89,12 @@ type Result struct {
 	// how many writes that was.
 	Raw       time.Duration
 	RawWrites int
+	// CPU is the CPU time (user and system) the process used from the
+	// registration to the last engine's apply: the mesh's whole cost of the
+	// change, every service and engine being in this process.
+	CPU time.Duration
+	// Window is how long that was.
+	Window time.Duration
 	// Verify is the engine's verify cost per composition of VerifySize
 	// bytes.
 	Verify     time.Duration
@@ -216,6 +222,7 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 			f.Close()
 		}()
 	}
+	cpu0 := cpuTime()
 	reg := time.Now()
 	spans.from(reg)
 	if _, err := b.catalog.RegisterModule(ctx, &catalogv1.RegisterModuleRequest{Module: "bench", Fingerprint: fp1}); err != nil {
@@ -228,6 +235,7 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		return nil, fmt.Errorf("the change: %w", err)
 	}
 	res.Applied = applied
+	res.CPU, res.Window = cpuTime()-cpu0, time.Since(reg)
 	if o.CPUProfile != "" {
 		pprof.StopCPUProfile()
 	}
@@ -319,6 +327,10 @@ func report(w io.Writer, r *Result, o Options) {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
 	fmt.Fprintf(w, "  composer: last assignment naming it written %s after the registration\n", ms(r.Assigned))
 	fmt.Fprintf(w, "  change-to-applied on the engines: p50 %s  p99 %s  100 %% %s\n", ms(r.Percentile(50)), ms(r.Percentile(99)), ms(r.All()))
+	if r.Window > 0 {
+		fmt.Fprintf(w, "  CPU used by the whole mesh for the change: %.2f s in %.2f s (%.0f %% of one core; %.2f ms per engine)\n",
+			r.CPU.Seconds(), r.Window.Seconds(), 100*r.CPU.Seconds()/r.Window.Seconds(), float64(r.CPU.Microseconds())/1000/float64(max(r.Engines, 1)))
+	}
 	fmt.Fprintf(w, "raw baseline (same run): the change's %d KV writes (compositions, judgement records, assignments of %d nodes) with %d writers: %s\n",
 		r.RawWrites, r.Engines, o.Workers, ms(r.Raw))
 	if r.Raw > 0 {
@@ -365,6 +377,15 @@ func dirs(o *Options, w io.Writer) (func(), error) {
 		fmt.Fprintf(w, "warning: %s is not on a tmpfs\n", o.NodesDir)
 	}
 	return cleanup, nil
+}
+
+// cpuTime is the CPU time (user and system) this process used so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // tmpfsMagic is the f_type of a tmpfs (linux/magic.h).

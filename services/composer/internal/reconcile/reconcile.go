@@ -57,16 +57,29 @@ type task struct {
 	reason      string
 	traceparent string
 	tracestate  string
+	// followUp marks a pass that follows an engine's report of what it
+	// applied (DESIGN.md §6 step 4): it waits behind the passes of
+	// changes, up to followUpWait, so a fleet-wide change reaches every
+	// node before the nodes that applied it first are passed over again.
+	followUp bool
+	// since is when the task was queued.
+	since time.Time
 }
+
+// followUpWait bounds how long a follow-up pass waits behind others.
+const followUpWait = 5 * time.Second
 
 // Reconciler queues and runs node passes.
 type Reconciler struct {
 	cfg Config
 
 	mu sync.Mutex
-	// queue holds nodes in order; pending their tasks; running the nodes
-	// being passed over, and dirty those queued again meanwhile.
+	// queue holds nodes in order, later the nodes of follow-up tasks;
+	// pending their tasks (a node in either list without one was passed
+	// over already); running the nodes being passed over, and dirty those
+	// queued again meanwhile.
 	queue   []string
+	later   []string
 	pending map[string]task
 	running map[string]bool
 	dirty   map[string]task
@@ -112,18 +125,28 @@ func (r *Reconciler) Enqueue(ctx context.Context, node, reason string) {
 	r.fanOut(ctx, reason, []string{node})
 }
 
+// followUp asks for a follow-up pass of a node (see task.followUp).
+func (r *Reconciler) followUp(ctx context.Context, node, reason string) {
+	r.fanOutTask(ctx, reason, []string{node}, true)
+}
+
 // fanOut queues passes of nodes for one reason inside a "composer.pass" span
 // continuing the trace of ctx (the change that caused them): each node's
 // pass is a child of it.
 func (r *Reconciler) fanOut(ctx context.Context, reason string, nodes []string) {
+	r.fanOutTask(ctx, reason, nodes, false)
+}
+
+func (r *Reconciler) fanOutTask(ctx context.Context, reason string, nodes []string, followUp bool) {
 	if len(nodes) == 0 {
 		return
 	}
 	ctx, span := r.cfg.Tracer.Start(ctx, "composer.pass", trace.WithAttributes(
 		attribute.String("mesh.reason", reason), attribute.Int("mesh.nodes", len(nodes))))
 	tp, ts := telemetry.Traceparent(ctx)
+	now := r.cfg.Now()
 	for _, node := range nodes {
-		r.enqueue(node, task{reason: reason, traceparent: tp, tracestate: ts})
+		r.enqueue(node, task{reason: reason, traceparent: tp, tracestate: ts, followUp: followUp, since: now})
 	}
 	span.End()
 }
@@ -131,11 +154,18 @@ func (r *Reconciler) fanOut(ctx context.Context, reason string, nodes []string) 
 func (r *Reconciler) enqueue(node string, t task) {
 	r.mu.Lock()
 	if r.running[node] {
+		if old, ok := r.dirty[node]; ok {
+			t.followUp = t.followUp && old.followUp
+		}
 		r.dirty[node] = t
-	} else if _, ok := r.pending[node]; !ok {
-		r.pending[node] = t
-		r.queue = append(r.queue, node)
+	} else if old, ok := r.pending[node]; !ok {
+		r.queueLocked(node, t)
+	} else if old.followUp && !t.followUp {
+		// Another reason than a follow-up: the node moves up to the
+		// queue (its entry in later is passed over).
+		r.queueLocked(node, t)
 	} else if t.traceparent != "" {
+		t.followUp, t.since = old.followUp, old.since
 		r.pending[node] = t
 	}
 	r.mu.Unlock()
@@ -145,11 +175,22 @@ func (r *Reconciler) enqueue(node string, t task) {
 	}
 }
 
+// queueLocked makes t the node's pending task and puts the node at the
+// end of its task's list.
+func (r *Reconciler) queueLocked(node string, t task) {
+	r.pending[node] = t
+	if t.followUp {
+		r.later = append(r.later, node)
+	} else {
+		r.queue = append(r.queue, node)
+	}
+}
+
 // Pending returns how many nodes wait for a pass.
 func (r *Reconciler) Pending() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.queue) + len(r.running)
+	return len(r.pending) + len(r.running)
 }
 
 // ModuleChanged queues every node placing a module, continuing the
@@ -320,15 +361,17 @@ func (r *Reconciler) watchApprovals(ctx context.Context) error {
 // it fetched may have been found corrupt and repaired meanwhile: the pass
 // then signs the manifest again so the engine tries again at once; else it
 // finds nothing to do). Other attempt changes only change the node's
-// status.
-func needsPass(old, next *composerv1.HaveRecord) bool {
+// status. A pass for a failed attempt is urgent; one for an applied digest
+// that changed is a follow-up (task.followUp): the change that made the
+// engine apply is still reaching other nodes.
+func needsPass(old, next *composerv1.HaveRecord) (need, urgent bool) {
 	applied := map[string]string{}
 	for _, h := range old.GetHaves() {
 		applied[h.GetModule()] = h.GetApplied().GetDigest()
 	}
 	for _, h := range next.GetHaves() {
 		if applied[h.GetModule()] != h.GetApplied().GetDigest() {
-			return true
+			need = true
 		}
 		delete(applied, h.GetModule())
 		if h.GetAttempt().GetState() == composerv1.AttemptState_ATTEMPT_STATE_FAILED {
@@ -336,11 +379,11 @@ func needsPass(old, next *composerv1.HaveRecord) bool {
 			case composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH, composerv1.ReasonCode_REASON_CODE_SIGNATURE_INVALID,
 				composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT, composerv1.ReasonCode_REASON_CODE_WANT_MISMATCH,
 				composerv1.ReasonCode_REASON_CODE_SIZE_EXCEEDED, composerv1.ReasonCode_REASON_CODE_FETCH_FAILED:
-				return true
+				return true, true
 			}
 		}
 	}
-	return len(applied) > 0
+	return need || len(applied) > 0, false
 }
 
 // reported is the highest manifest revision an engine reported.
@@ -397,10 +440,13 @@ func (r *Reconciler) watchHaves(ctx context.Context) error {
 		_, placed := r.specs[e.Key]
 		r.mu.Unlock()
 		tctx := e.TraceContext(context.Background())
+		need, urgent := needsPass(old, rec)
 		switch {
 		case !placed:
-		case known && needsPass(old, rec):
-			r.Enqueue(tctx, e.Key, "engine reported a change")
+		case known && urgent:
+			r.Enqueue(tctx, e.Key, "engine reported a failed attempt")
+		case known && need:
+			r.followUp(tctx, e.Key, "engine reported a change")
 		case (!known || reported(rec) > reported(old)) && r.aboveHeld(ctx, e.Key, rec):
 			r.Enqueue(tctx, e.Key, "engine reported a manifest revision above the held one")
 		case !known && !leading:
@@ -477,9 +523,7 @@ func (r *Reconciler) visitDue() {
 func (r *Reconciler) next(ctx context.Context) (string, task, bool) {
 	for {
 		r.mu.Lock()
-		if len(r.queue) > 0 {
-			node := r.queue[0]
-			r.queue = r.queue[1:]
+		if node, ok := r.popLocked(); ok {
 			t := r.pending[node]
 			delete(r.pending, node)
 			r.running[node] = true
@@ -493,6 +537,28 @@ func (r *Reconciler) next(ctx context.Context) (string, task, bool) {
 		case <-r.wake:
 		}
 	}
+}
+
+// popLocked takes the next node to pass over: the queue's first, unless
+// it is empty or the first follow-up waited followUpWait already.
+func (r *Reconciler) popLocked() (string, bool) {
+	for len(r.queue) > 0 || len(r.later) > 0 {
+		list := &r.queue
+		if len(r.later) > 0 {
+			if len(r.queue) == 0 {
+				list = &r.later
+			} else if t, ok := r.pending[r.later[0]]; ok && t.followUp && r.cfg.Now().Sub(t.since) >= followUpWait {
+				list = &r.later
+			}
+		}
+		node := (*list)[0]
+		*list = (*list)[1:]
+		if t, ok := r.pending[node]; ok && t.followUp == (list == &r.later) {
+			return node, true
+		}
+		// Passed over already, or moved to the other list.
+	}
+	return "", false
 }
 
 func (r *Reconciler) work(ctx context.Context, finishing chan struct{}, wg *sync.WaitGroup) {
@@ -535,8 +601,7 @@ func (r *Reconciler) done(node string, res *pass.Result, err error) {
 	delete(r.running, node)
 	if again, ok := r.dirty[node]; ok {
 		delete(r.dirty, node)
-		r.pending[node] = again
-		r.queue = append(r.queue, node)
+		r.queueLocked(node, again)
 	}
 	r.scheduleLocked(node, res, err)
 	r.mu.Unlock()

@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -26,24 +27,70 @@ func TestNeedsPass(t *testing.T) {
 	rec := func(haves ...*composerv1.Have) *composerv1.HaveRecord { return &composerv1.HaveRecord{Haves: haves} }
 	base := rec(have("motd", "D1", applied, none, ""))
 	cases := []struct {
-		name string
-		next *composerv1.HaveRecord
-		want bool
+		name         string
+		next         *composerv1.HaveRecord
+		want, urgent bool
 	}{
-		{"nothing changed", rec(have("motd", "D1", applied, none, "")), false},
-		{"applied digest changed", rec(have("motd", "D2", applied, none, "")), true},
-		{"a module applied for the first time", rec(have("motd", "D1", applied, none, ""), have("sshd", "S1", applied, none, "")), true},
-		{"a module gone", rec(), true},
-		{"held for an entry", rec(have("motd", "D1", held, composerv1.ReasonCode_REASON_CODE_ENTRY_ASKED, "asked")), false},
-		{"failed writing", rec(have("motd", "D1", failed, composerv1.ReasonCode_REASON_CODE_WRITE_FAILED, "disk full")), false},
-		{"failed on a digest", rec(have("motd", "D1", failed, composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH, "")), true},
-		{"failed on a signature", rec(have("motd", "D1", failed, composerv1.ReasonCode_REASON_CODE_SIGNATURE_INVALID, "")), true},
-		{"failed on a revision conflict", rec(have("motd", "D1", failed, composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT, "")), true},
+		{"nothing changed", rec(have("motd", "D1", applied, none, "")), false, false},
+		{"applied digest changed", rec(have("motd", "D2", applied, none, "")), true, false},
+		{"a module applied for the first time", rec(have("motd", "D1", applied, none, ""), have("sshd", "S1", applied, none, "")), true, false},
+		{"a module gone", rec(), true, false},
+		{"held for an entry", rec(have("motd", "D1", held, composerv1.ReasonCode_REASON_CODE_ENTRY_ASKED, "asked")), false, false},
+		{"failed writing", rec(have("motd", "D1", failed, composerv1.ReasonCode_REASON_CODE_WRITE_FAILED, "disk full")), false, false},
+		{"failed on a digest", rec(have("motd", "D1", failed, composerv1.ReasonCode_REASON_CODE_DIGEST_MISMATCH, "")), true, true},
+		{"failed on a signature", rec(have("motd", "D1", failed, composerv1.ReasonCode_REASON_CODE_SIGNATURE_INVALID, "")), true, true},
+		{"failed on a revision conflict", rec(have("motd", "D1", failed, composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT, "")), true, true},
+		{"applied another and failed a fetch", rec(have("motd", "D2", failed, composerv1.ReasonCode_REASON_CODE_FETCH_FAILED, "")), true, true},
 	}
 	for _, tc := range cases {
-		if got := needsPass(base, tc.next); got != tc.want {
-			t.Errorf("%s: needsPass = %v, want %v", tc.name, got, tc.want)
+		if got, urgent := needsPass(base, tc.next); got != tc.want || urgent != tc.urgent {
+			t.Errorf("%s: needsPass = %v, urgent %v; want %v, %v", tc.name, got, urgent, tc.want, tc.urgent)
 		}
+	}
+}
+
+// TestFollowUpsWaitBehindChanges: follow-up passes (an engine reported what
+// it applied) run after the queued passes of changes, unless one waited
+// followUpWait; a node with a follow-up queued moves up when a change
+// queues it, and runs once.
+func TestFollowUpsWaitBehindChanges(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := New(Config{Now: func() time.Time { return now }})
+	ctx := t.Context()
+	r.followUp(ctx, "f1", "engine reported a change")
+	r.Enqueue(ctx, "c1", "module registered")
+	r.followUp(ctx, "f2", "engine reported a change")
+	r.Enqueue(ctx, "c2", "module registered")
+	// f2 moves up; its entry among the follow-ups is passed over.
+	r.Enqueue(ctx, "f2", "module registered")
+	r.Enqueue(ctx, "c3", "module registered")
+	// A follow-up of a node queued for a change leaves it where it is.
+	r.followUp(ctx, "c3", "engine reported a change")
+	if n := r.Pending(); n != 5 {
+		t.Errorf("Pending = %d, want 5", n)
+	}
+	pop := func() string {
+		t.Helper()
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		node, ok := r.popLocked()
+		if !ok {
+			return ""
+		}
+		delete(r.pending, node)
+		return node
+	}
+	var got []string
+	for range 3 {
+		got = append(got, pop())
+	}
+	// f1 has waited long enough: it goes before the last change.
+	now = now.Add(followUpWait)
+	got = append(got, pop(), pop(), pop())
+	want := []string{"c1", "c2", "f2", "f1", "c3", ""}
+	if !slices.Equal(got, want) {
+		t.Errorf("passes in the order %v, want %v", got, want)
 	}
 }
 
