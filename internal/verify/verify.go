@@ -260,22 +260,48 @@ func (k *Keyring) Manifest(env *typev1.Envelope, node string, now time.Time) (*t
 	if err := envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m); err != nil {
 		return nil, "", fmt.Errorf("%w: %v", ErrPayload, err)
 	}
-	if m.GetNode() != node {
-		return nil, "", fmt.Errorf("%w: manifest of node %q, not %q", ErrNode, m.GetNode(), node)
-	}
-	if exp := m.GetExpiresAt(); exp == nil || now.After(exp.AsTime().Add(Skew)) {
-		return nil, "", fmt.Errorf("%w: revision %d expired at %s", ErrExpired, m.GetRevision(), exp.AsTime().UTC().Format(time.RFC3339))
-	}
-	if iss := m.GetIssuedAt(); iss == nil || iss.AsTime().After(now.Add(MaxAhead)) {
-		return nil, "", fmt.Errorf("%w: revision %d issued at %s, more than %s ahead", ErrFastForward, m.GetRevision(), iss.AsTime().UTC().Format(time.RFC3339), MaxAhead)
-	}
-	if m.GetRevision() < k.keyset.GetRevisionFloor() {
-		return nil, "", fmt.Errorf("%w: revision %d < floor %d", ErrBelowFloor, m.GetRevision(), k.keyset.GetRevisionFloor())
-	}
-	if err := lint.CheckWants(node, m.GetWants()); err != nil {
-		return nil, "", fmt.Errorf("%w: %v", ErrPayload, err)
+	if err := k.CheckManifest(m, node, now); err != nil {
+		return nil, "", err
 	}
 	return m, envelope.Digest(env), nil
+}
+
+// Recheck judges again, at now, a manifest this keyring verified (with the
+// key of id keyID) and opened: the key still usable (not revoked, not past
+// its not_after) and CheckManifest. Its signature is not verified again:
+// the bytes and the key are those it verified.
+func (k *Keyring) Recheck(keyID string, m *typev1.Manifest, node string, now time.Time) error {
+	key, ok := k.keys[keyID]
+	if !ok {
+		return fmt.Errorf("%w: %s (keyset version %d)", ErrUnknownKey, keyID, k.Version())
+	}
+	if err := usable(key, now); err != nil {
+		return err
+	}
+	return k.CheckManifest(m, node, now)
+}
+
+// CheckManifest makes the checks of Manifest but the signature's on a
+// manifest opened from an envelope Verify accepted: the node, expiry with
+// Skew allowed, issue time no more than MaxAhead in the future, the
+// keyset's revision floor and the wants' form.
+func (k *Keyring) CheckManifest(m *typev1.Manifest, node string, now time.Time) error {
+	if m.GetNode() != node {
+		return fmt.Errorf("%w: manifest of node %q, not %q", ErrNode, m.GetNode(), node)
+	}
+	if exp := m.GetExpiresAt(); exp == nil || now.After(exp.AsTime().Add(Skew)) {
+		return fmt.Errorf("%w: revision %d expired at %s", ErrExpired, m.GetRevision(), exp.AsTime().UTC().Format(time.RFC3339))
+	}
+	if iss := m.GetIssuedAt(); iss == nil || iss.AsTime().After(now.Add(MaxAhead)) {
+		return fmt.Errorf("%w: revision %d issued at %s, more than %s ahead", ErrFastForward, m.GetRevision(), iss.AsTime().UTC().Format(time.RFC3339), MaxAhead)
+	}
+	if m.GetRevision() < k.keyset.GetRevisionFloor() {
+		return fmt.Errorf("%w: revision %d < floor %d", ErrBelowFloor, m.GetRevision(), k.keyset.GetRevisionFloor())
+	}
+	if err := lint.CheckWants(node, m.GetWants()); err != nil {
+		return fmt.Errorf("%w: %v", ErrPayload, err)
+	}
+	return nil
 }
 
 // Composition verifies a signed composition against the want that names it:

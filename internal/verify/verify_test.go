@@ -178,6 +178,38 @@ func TestManifestVerification(t *testing.T) {
 				t.Fatalf("Manifest error = %v, want %v", err, c.want)
 			}
 		})
+		// Recheck of what Verify accepted agrees with Manifest.
+		keyID, verr := c.ring.Verify(c.env, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, now)
+		if verr != nil {
+			continue
+		}
+		t.Run(c.name+"/recheck", func(t *testing.T) {
+			t.Parallel()
+			m := &typev1.Manifest{}
+			if err := envelope.Open(c.env, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m); err != nil {
+				t.Fatal(err)
+			}
+			err := c.ring.Recheck(keyID, m, c.node, now)
+			if (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {
+				t.Fatalf("Recheck error = %v, want %v", err, c.want)
+			}
+		})
+	}
+	// Later, the key it was verified with is past its not_after; a key
+	// the keyring does not hold is unknown.
+	m := &typev1.Manifest{}
+	if err := envelope.Open(byKey(retiredLiveKey, good), typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m); err != nil {
+		t.Fatal(err)
+	}
+	keyID, err := ring2.Verify(byKey(retiredLiveKey, good), typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ring2.Recheck(keyID, m, "ace", now.Add(2*time.Minute)); !errors.Is(err, verify.ErrKeyNotValid) {
+		t.Errorf("Recheck after the key's not_after = %v, want %v", err, verify.ErrKeyNotValid)
+	}
+	if err := ring.Recheck(keyID, m, "ace", now); !errors.Is(err, verify.ErrUnknownKey) {
+		t.Errorf("Recheck by a keyring without the key = %v, want %v", err, verify.ErrUnknownKey)
 	}
 }
 

@@ -345,6 +345,8 @@ type options struct {
 	wrap func(state.Store) state.Store
 	// compositionDeadline and fetchStall shorten the engine's bounds.
 	compositionDeadline, fetchStall time.Duration
+	// now is the engine's clock (default time.Now).
+	now func() time.Time
 }
 
 func (w *world) start(t testing.TB, o ...options) *running {
@@ -360,6 +362,7 @@ func (w *world) start(t testing.TB, o ...options) *running {
 	for _, x := range o {
 		opts.WrapStore = x.wrap
 		opts.CompositionDeadline, opts.FetchStall = x.compositionDeadline, x.fetchStall
+		opts.Now = x.now
 	}
 	eng, err := app.New(context.Background(), w.cfg, opts)
 	if err != nil {

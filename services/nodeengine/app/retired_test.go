@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,6 +72,64 @@ func TestKeyStates(t *testing.T) {
 			}
 			r.eng.Engine.Pass(t.Context())
 			sameTree(t, before, snapshot(t, w.root))
+		})
+	}
+}
+
+// TestLiveManifestGoesStale: the manifest an engine applied is judged again
+// at every pass: once it expired (beyond the skew), or once the key that
+// signed it is past its not_after, the engine says STALE and why, and
+// keeps what is applied.
+func TestLiveManifestGoesStale(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	tests := []struct {
+		name string
+		// retiredUntil, when set, makes the signing key RETIRED until then.
+		retiredUntil time.Time
+		expires      time.Time
+		later        time.Duration
+		words        string
+	}{
+		{name: "expired", expires: now.Add(2 * time.Hour), later: 3*time.Hour + time.Minute, words: "manifest expired: revision 1 expired at "},
+		{name: "key past its not_after", retiredUntil: now.Add(30 * time.Minute), expires: now.Add(24 * time.Hour), later: time.Hour, words: "was valid until"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t)
+			version := uint64(1)
+			if !tt.retiredUntil.IsZero() {
+				ks := proto.Clone(w.trust.Keyset).(*typev1.Keyset)
+				ks.Version = 2
+				ks.IssuedAt = timestamppb.New(now)
+				ks.Keys = []*typev1.KeysetKey{
+					testutil.KeysetKeyOf(w.trust.SigningKey, typev1.KeyState_KEY_STATE_RETIRED, now.Add(-48*time.Hour), tt.retiredUntil),
+					testutil.KeysetKeyOf(testutil.NewKey(t), typev1.KeyState_KEY_STATE_ACTIVE, now.Add(-time.Hour), now.Add(48*time.Hour)),
+				}
+				w.composer.keyset = w.trust.SignKeyset(t, ks, w.trust.RootKeys...)
+				version = 2
+			}
+			var skew atomic.Int64
+			r := w.start(t, options{now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }})
+			eventually(t, "keyset taken", func() (bool, string) {
+				s := r.status(t)
+				return s.GetKeysetVersion() == version, s.String()
+			})
+			m := w.publish(manifestOpts{expires: tt.expires}, nodeComp(file("node", "a", "/etc/app/a", "applied")))
+			r.waitApplied(t, m)
+			if s := r.status(t); s.GetStale() != "" {
+				t.Fatalf("stale %q before the clock moved", s.GetStale())
+			}
+			skew.Store(int64(tt.later))
+			r.eng.Engine.Pass(t.Context())
+			s := r.status(t)
+			if !strings.HasPrefix(s.GetStale(), "STALE since ") || !strings.Contains(s.GetStale(), tt.words) {
+				t.Errorf("stale %q, want STALE since … %s", s.GetStale(), tt.words)
+			}
+			if got := readFile(t, w.path("/etc/app/a")); got != "applied" {
+				t.Errorf("a = %q, want what was applied kept", got)
+			}
 		})
 	}
 }

@@ -92,6 +92,8 @@ type live struct {
 	manifest *typev1.Manifest
 	digest   string
 	keyID    string
+	// ring is the keyring that verified it (with keyID).
+	ring *verify.Keyring
 }
 
 // refusal is why the last manifest or keyset offered was refused.

@@ -333,7 +333,8 @@ func (e *Engine) judgeLocked(env *typev1.Envelope, now time.Time) bool {
 			fmt.Sprintf("manifest revision %d (%s) refused: the high-water mark is revision %d (%s)", m.GetRevision(), digest, hw.Revision, hw.Digest))
 		return false
 	}
-	if _, _, err := e.keyring.Manifest(env, node, now); err != nil {
+	// Verified and opened above: the rest of the manifest's checks.
+	if err := e.keyring.CheckManifest(m, node, now); err != nil {
 		e.refuseLocked(ReasonOf(err), "manifest refused: "+err.Error())
 		return false
 	}
@@ -347,7 +348,7 @@ func (e *Engine) judgeLocked(env *typev1.Envelope, now time.Time) bool {
 		}
 		e.hw = next
 	}
-	e.live = &live{env: env, manifest: m, digest: digest, keyID: keyID}
+	e.live = &live{env: env, manifest: m, digest: digest, keyID: keyID, ring: e.keyring}
 	e.refused = nil
 	e.keepWantsLocked(m.GetWants(), now)
 	return false
@@ -433,6 +434,11 @@ func (e *Engine) judgeStale(lv *live, ring *verify.Keyring, now time.Time) (stri
 	} else if ring.Expired(now) {
 		since = ring.Keyset().GetExpiresAt().AsTime()
 		err = fmt.Errorf("%w: version %d expired at %s", verify.ErrKeysetExpired, ring.Version(), since.UTC().Format(time.RFC3339))
+	} else if lv != nil && lv.ring == ring {
+		// Verified by this keyring when taken: its key and times only.
+		if err = ring.Recheck(lv.keyID, lv.manifest, e.cfg.Node, now); errors.Is(err, verify.ErrExpired) {
+			since = lv.manifest.GetExpiresAt().AsTime()
+		}
 	} else if _, _, err = ring.Manifest(cur, e.cfg.Node, now); err != nil && errors.Is(err, verify.ErrExpired) {
 		m := &typev1.Manifest{}
 		if envelope.Open(cur, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m) == nil {
