@@ -241,6 +241,16 @@ func (k *Keyring) Verify(env *typev1.Envelope, t typev1.PayloadType, at time.Tim
 	return "", firstErr
 }
 
+// Usable reports why the key of id keyID cannot verify at the given time
+// (not in the keyset, revoked, outside its validity), nil when it can.
+func (k *Keyring) Usable(keyID string, at time.Time) error {
+	key, ok := k.keys[keyID]
+	if !ok {
+		return fmt.Errorf("%w: %s (keyset version %d)", ErrUnknownKey, keyID, k.Version())
+	}
+	return usable(key, at)
+}
+
 func keepFirst(first, err error) error {
 	if first != nil {
 		return first
@@ -271,11 +281,7 @@ func (k *Keyring) Manifest(env *typev1.Envelope, node string, now time.Time) (*t
 // its not_after) and CheckManifest. Its signature is not verified again:
 // the bytes and the key are those it verified.
 func (k *Keyring) Recheck(keyID string, m *typev1.Manifest, node string, now time.Time) error {
-	key, ok := k.keys[keyID]
-	if !ok {
-		return fmt.Errorf("%w: %s (keyset version %d)", ErrUnknownKey, keyID, k.Version())
-	}
-	if err := usable(key, now); err != nil {
+	if err := k.Usable(keyID, now); err != nil {
 		return err
 	}
 	return k.CheckManifest(m, node, now)

@@ -11,7 +11,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"mesh.dev/internal/envelope"
 	"mesh.dev/internal/identity"
+	"mesh.dev/internal/names"
 	"mesh.dev/internal/natsx"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	ct "mesh.dev/services/composer/internal/composertest"
@@ -147,4 +149,41 @@ func failedHaves(a *composerv1.Assignment, module string, code composerv1.Reason
 		rec.Haves = append(rec.Haves, hv)
 	}
 	return rec
+}
+
+// TestGetCompositionByDigest: a node asking for a composition by the digest
+// its manifest names is answered with those very bytes from the memory of
+// the composer that wrote them, even once the bucket holds bad bytes (which
+// a read without the digest reports as DATA_LOSS); asked with another
+// digest, the composer reads the bucket.
+func TestGetCompositionByDigest(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartComposer(t, "one")
+	motd := w.Release(t, ct.Motd("1.0"), nil)
+	c.PutNode(t, ct.Spec("a", "motd"))
+	a := w.Converged(t, "a", map[string]string{"motd": motd})
+	want := ct.Want(a, "motd")
+	node := composerv1.NewComposerServiceClient(w.As(t, c.Addr, identity.RoleNode, "a"))
+	ctx := context.Background()
+	putRaw(t, w, natsx.BucketCompositions, want.GetCompositionKey(), bytes.Repeat([]byte{0xff, 0x00, 0x13}, 100))
+
+	resp, err := node.GetComposition(ctx, &composerv1.GetCompositionRequest{Key: want.GetCompositionKey(), Digest: want.GetCompositionDigest()})
+	if err != nil {
+		t.Fatalf("GetComposition by digest: %v", err)
+	}
+	if got := envelope.Digest(resp.GetComposition()); got != want.GetCompositionDigest() || resp.GetDigest() != got {
+		t.Errorf("answered digest %s (said %s), want %s", got, resp.GetDigest(), want.GetCompositionDigest())
+	}
+	other := names.Digest([]byte("another composition"))
+	for _, digest := range []string{"", other} {
+		_, err := node.GetComposition(ctx, &composerv1.GetCompositionRequest{Key: want.GetCompositionKey(), Digest: digest})
+		if st, _ := status.FromError(err); st.Code() != codes.DataLoss {
+			t.Errorf("GetComposition with digest %q of a key holding bad bytes: %v; want DATA_LOSS", digest, err)
+		}
+	}
+	_, err = node.GetComposition(ctx, &composerv1.GetCompositionRequest{Key: want.GetCompositionKey(), Digest: "sha256:nothex"})
+	if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "digest") {
+		t.Errorf("GetComposition with a malformed digest: %v; want INVALID_ARGUMENT naming digest", err)
+	}
 }

@@ -1471,7 +1471,13 @@ func (x *ListCompositionsResponse) GetCompositions() []*CompositionInfo {
 type GetCompositionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "<node>.<module>.<fp hex>" or "<node>.node".
-	Key           string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Optional: the digest the caller's manifest names for the key. A
+	// composition with this digest that the replica wrote or read lately,
+	// signed by a key the current keyset lets verify, may be answered without
+	// a read of the bucket; otherwise (and without a digest) what the bucket
+	// holds is answered, whatever its digest.
+	Digest        string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1509,6 +1515,13 @@ func (*GetCompositionRequest) Descriptor() ([]byte, []int) {
 func (x *GetCompositionRequest) GetKey() string {
 	if x != nil {
 		return x.Key
+	}
+	return ""
+}
+
+func (x *GetCompositionRequest) GetDigest() string {
+	if x != nil {
+		return x.Digest
 	}
 	return ""
 }
@@ -1764,9 +1777,10 @@ const file_mesh_composer_v1_composer_proto_rawDesc = "" +
 	"\x17ListCompositionsRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\"a\n" +
 	"\x18ListCompositionsResponse\x12E\n" +
-	"\fcompositions\x18\x01 \x03(\v2!.mesh.composer.v1.CompositionInfoR\fcompositions\")\n" +
+	"\fcompositions\x18\x01 \x03(\v2!.mesh.composer.v1.CompositionInfoR\fcompositions\"A\n" +
 	"\x15GetCompositionRequest\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\"j\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\"j\n" +
 	"\x16GetCompositionResponse\x128\n" +
 	"\vcomposition\x18\x01 \x01(\v2\x16.mesh.type.v1.EnvelopeR\vcomposition\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\"k\n" +

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -27,6 +28,7 @@ import (
 	"mesh.dev/internal/lint"
 	"mesh.dev/internal/names"
 	"mesh.dev/internal/natsx"
+	"mesh.dev/internal/verify"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 	"mesh.dev/services/composer/internal/compose"
@@ -55,6 +57,10 @@ type Config struct {
 	// Recompose, when set, asks for a pass of a node soon: a read that
 	// finds one of the node's compositions corrupt asks for its repair.
 	Recompose func(node, reason string)
+	// Keyring, when set, is the current keyset: GetComposition with a
+	// digest may then answer from the compositions the store holds in
+	// memory when one of their signatures is by a key it lets verify.
+	Keyring func() *verify.Keyring
 	// Now stamps approvals; tests pin it.
 	Now func() *timestamppb.Timestamp
 }
@@ -519,6 +525,14 @@ func (s *Server) GetComposition(ctx context.Context, req *composerv1.GetComposit
 	if _, err := names.ParseCompositionKey(req.GetKey()); err != nil {
 		return nil, s.toStatus(ctx, "GetComposition", invalid("key", "%v", err))
 	}
+	if req.GetDigest() != "" {
+		if err := names.CheckDigest("digest", req.GetDigest()); err != nil {
+			return nil, s.toStatus(ctx, "GetComposition", invalid("digest", "%v", err))
+		}
+		if env, ok := s.cfg.Store.CompositionOf(req.GetKey(), req.GetDigest()); ok && s.verifiable(env) {
+			return &composerv1.GetCompositionResponse{Composition: env, Digest: req.GetDigest()}, nil
+		}
+	}
 	env, _, _, err := s.cfg.Store.Composition(ctx, req.GetKey())
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, s.toStatus(ctx, "GetComposition", fmt.Errorf("%w: no composition %s", errNotFound, req.GetKey()))
@@ -530,6 +544,27 @@ func (s *Server) GetComposition(ctx context.Context, req *composerv1.GetComposit
 		return nil, s.toStatus(ctx, "GetComposition", err)
 	}
 	return &composerv1.GetCompositionResponse{Composition: env, Digest: envelope.Digest(env)}, nil
+}
+
+// verifiable reports whether a signature of env is by a key the current
+// keyset lets verify now: a composition signed again after a rotation by
+// another replica is read from the bucket rather than answered with
+// signatures an engine would refuse.
+func (s *Server) verifiable(env *typev1.Envelope) bool {
+	if s.cfg.Keyring == nil {
+		return false
+	}
+	ring := s.cfg.Keyring()
+	if ring == nil {
+		return false
+	}
+	now := time.Now()
+	for _, sig := range env.GetSignatures() {
+		if ring.Usable(sig.GetKeyId(), now) == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // corrupt answers a read of a composition key whose stored value does not

@@ -77,9 +77,13 @@ func (jc *judging) appliedContent(ctx context.Context, ref *composerv1.AppliedRe
 	if c, ok := jc.before[ref.GetKey()]; ok && jc.beforeDigest[ref.GetKey()] == ref.GetDigest() {
 		return c
 	}
-	env, _, _, err := jc.p.cfg.Store.Composition(ctx, ref.GetKey())
-	if err != nil || envelope.Digest(env) != ref.GetDigest() {
-		return nil
+	env, ok := jc.p.cfg.Store.CompositionOf(ref.GetKey(), ref.GetDigest())
+	if !ok {
+		var err error
+		env, _, _, err = jc.p.cfg.Store.Composition(ctx, ref.GetKey())
+		if err != nil || envelope.Digest(env) != ref.GetDigest() {
+			return nil
+		}
 	}
 	c := &typev1.Composition{}
 	if err := envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, c); err != nil {

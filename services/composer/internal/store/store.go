@@ -53,6 +53,8 @@ type Store struct {
 	// compositions is the stream behind bucket compositions, for the
 	// listings and lookups natsx.KV does not offer.
 	compositions jetstream.Stream
+	// comps holds the compositions written and read, by digest.
+	comps *compCache
 }
 
 // composerBuckets are the KV buckets the composer owns.
@@ -68,7 +70,7 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int, leaseTTL ti
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	s := &Store{js: js, opts: append(opts, natsx.WithTracerProvider(tp)), tracer: tp.Tracer(natsx.TracerName)}
+	s := &Store{js: js, opts: append(opts, natsx.WithTracerProvider(tp)), tracer: tp.Tracer(natsx.TracerName), comps: newCompCache(DefaultCompositionCacheBytes)}
 	opts = s.opts
 	kvs := map[string]*natsx.KV{}
 	for _, spec := range natsx.Buckets(replicas) {
@@ -334,12 +336,25 @@ func (s *Store) Composition(ctx context.Context, key string) (*typev1.Envelope, 
 	if err := decode(e, env); err != nil {
 		return nil, e.Revision, e.Created, err
 	}
+	s.comps.put(key, env)
 	return env, e.Revision, e.Created, nil
+}
+
+// CompositionOf returns the composition at key whose payload has the given
+// digest when this composer wrote or read it lately, without a read; false
+// otherwise (the caller reads the bucket). The envelope is shared: read
+// only.
+func (s *Store) CompositionOf(key, digest string) (*typev1.Envelope, bool) {
+	return s.comps.get(key, digest)
 }
 
 // WriteComposition writes a signed composition at rev (0: create).
 func (s *Store) WriteComposition(ctx context.Context, key string, env *typev1.Envelope, rev uint64) (uint64, error) {
-	return write(ctx, s.Compositions, key, env, rev)
+	rev, err := write(ctx, s.Compositions, key, env, rev)
+	if err == nil {
+		s.comps.put(key, env)
+	}
+	return rev, err
 }
 
 // NodeStatus returns a node's status.

@@ -473,7 +473,7 @@ func (e *Engine) composition(ctx context.Context, w *typev1.Want, ring *verify.K
 		return nil, &apply.Failure{Code: composerv1.ReasonCode_REASON_CODE_FETCH_FAILED, Reason: "no composer connection"}
 	}
 	fctx, cancel := context.WithTimeout(ctx, e.cfg.CompositionDeadline)
-	resp, err := e.cfg.Composer.GetComposition(fctx, &composerv1.GetCompositionRequest{Key: w.GetCompositionKey()})
+	resp, err := e.cfg.Composer.GetComposition(fctx, &composerv1.GetCompositionRequest{Key: w.GetCompositionKey(), Digest: w.GetCompositionDigest()})
 	cancel()
 	if err != nil {
 		return nil, &apply.Failure{Code: composerv1.ReasonCode_REASON_CODE_FETCH_FAILED, Reason: fmt.Sprintf("fetch composition %s: %v", w.GetCompositionKey(), err)}
