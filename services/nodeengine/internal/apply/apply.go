@@ -234,6 +234,9 @@ type Prepared struct {
 	// ways caches what lies on the directories between a prefix and the
 	// declared paths, by absolute path: many paths share them.
 	ways map[string]disk
+	// roots are the directories looked in, for the time of Prepare (which
+	// changes nothing on disk).
+	roots *dirRoots
 }
 
 // Ops returns the planned ops.
@@ -341,7 +344,8 @@ func (a *Applier) CheckPath(p string) *Failure {
 
 // Prepare plans an apply from the disk and the ledger, writing nothing.
 func (a *Applier) Prepare(plan Plan) *Prepared {
-	p := &Prepared{Failures: map[string]*Failure{}, Notes: map[string][]string{}, mods: map[string]*Composition{}, ways: map[string]disk{}}
+	p := &Prepared{Failures: map[string]*Failure{}, Notes: map[string][]string{}, mods: map[string]*Composition{}, ways: map[string]disk{}, roots: newDirRoots()}
+	defer p.roots.reset()
 	ids := newIDs()
 	want := map[string]*desired{}
 	var order []*desired
@@ -510,7 +514,8 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 
 	// An adopted path is hashed whatever type is declared: its prior
 	// content is kept by digest to be restored later.
-	dk, err := look(pr.root, rel, rec.Type == state.TypeFile || adoption[r.GetPath()])
+	in, name := p.roots.at(pr, rel)
+	dk, err := look(in, name, rec.Type == state.TypeFile || adoption[r.GetPath()])
 	if err != nil {
 		p.refuse(module, a.lookFailure(r.GetId(), r.GetPath(), err))
 		return

@@ -260,12 +260,14 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 	// Owners and groups are looked up once per apply, not once per op.
 	ids := newIDs()
 	syncs := &dirSyncs{modules: map[dirKey][]string{}}
+	roots := newDirRoots()
+	defer roots.reset()
 	for _, op := range j.Ops {
 		m := op.Module
 		if m == "" && op.Prev != nil {
 			m = op.Prev.Module
 		}
-		rec, err := a.runOp(op, ids, func(k dirKey) { syncs.add(k, m) })
+		rec, err := a.runOp(op, ids, roots, func(k dirKey) { syncs.add(k, m) })
 		res.Ops++
 		if a.afterOp != nil {
 			a.afterOp(res.Ops, len(j.Ops))
@@ -422,10 +424,18 @@ func randHex() string {
 var errLeft = errors.New("not what the engine made")
 
 // runOp runs one op and returns the ledger record it leaves (nil: none).
-func (a *Applier) runOp(op state.Op, ids *ids, changed func(dirKey)) (*state.LedgerRecord, error) {
+// A write works through the directory roots; any other op may remove, make
+// or replace a directory, so it resets them first and works through the
+// prefix's root. (A write that finds an empty directory on its path removes
+// it: a directory root of it could only have been opened by an earlier
+// write into it, undone since by a removal op, which reset them.)
+func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dirKey)) (*state.LedgerRecord, error) {
 	pr, rel, ok := a.locate(op.Path)
 	if !ok {
 		return op.Prev, fmt.Errorf("%s is outside the allowed prefixes", op.Path)
+	}
+	if op.Kind != state.OpWrite {
+		roots.reset()
 	}
 	root := pr.root
 	dirChanged := func(dir string) { changed(dirKey{prefix: pr, dir: dir}) }
@@ -452,7 +462,8 @@ func (a *Applier) runOp(op state.Op, ids *ids, changed func(dirKey)) (*state.Led
 			if op.InJournal {
 				src = writeSource{inline: op.Inline, inJournal: true}
 			}
-			err = a.writeFile(root, rel, src, op.Stage, modeOf(r), uid, gid, dirChanged)
+			in, name := roots.at(pr, rel)
+			err = a.writeFile(in, name, src, op.Stage, modeOf(r), uid, gid, func(string) { dirChanged(path.Dir(rel)) })
 		case state.OpMkdir:
 			err = a.mkdir(root, rel, modeOf(r), uid, gid, dirChanged)
 		case state.OpSymlink:
