@@ -2,6 +2,7 @@ package natsx
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -165,4 +166,41 @@ func TestIdleWatchDoesNotResume(t *testing.T) {
 	if n := w.Resumes(); n != 0 {
 		t.Errorf("the watch resumed %d times, want 0", n)
 	}
+}
+
+// TestWatchAfterItsConsumerWasDeleted: the server drops the watch's
+// consumer (as a server that held it and died would). Whether nats.go's
+// ordered consumer or the watch's own check makes the new one (both run
+// here: the checks are quick), every write after comes once, in order.
+func TestWatchAfterItsConsumerWasDeleted(t *testing.T) {
+	quickStallChecks(t)
+	_, js := serverAndJS(t)
+	kv := ensureKV(t, js, testSpec(1))
+	put := jetstream.KeyValuePut
+	putValue(t, kv, "a", "1")
+	w, err := kv.Watch(t.Context(), ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	expect(t, w, event{key: "a", value: "1", op: put}, doneMarker)
+	for round := range 3 {
+		w.mu.Lock()
+		name := w.cons.CachedInfo().Name
+		w.mu.Unlock()
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		// nats.go may have replaced it already: a consumer not found is fine.
+		_ = js.DeleteConsumer(ctx, kvStreamName(kv.bucket), name)
+		cancel()
+		v := fmt.Sprint(round + 2)
+		putValue(t, kv, "a", v)
+		putValue(t, kv, "b", v)
+		expect(t, w, event{key: "a", value: v, op: put}, event{key: "b", value: v, op: put})
+	}
+	select {
+	case e := <-w.Updates():
+		t.Errorf("one more entry than written: %v", eventOf(e))
+	case <-time.After(4 * stallAfter):
+	}
+	t.Logf("the watch resumed %d times by itself over 3 deletions", w.Resumes())
 }
