@@ -18,6 +18,9 @@ var (
 	// ErrTooLarge: a value or message is over the bucket's or the server's
 	// size limit.
 	ErrTooLarge = errors.New("too large")
+	// ErrBehind: GetAtLeast found only revisions below the one its caller
+	// knows was written (every replica it asked was behind that write).
+	ErrBehind = errors.New("behind a known write")
 )
 
 // mappedError carries a sentinel beside the original error. Its text is the

@@ -234,6 +234,48 @@ func (k *KV) Get(ctx context.Context, key string) (Entry, error) {
 	return e, nil
 }
 
+// atLeastWait bounds how long GetAtLeast asks again for a write it knows of.
+var atLeastWait = 2 * time.Second
+
+// GetAtLeast is Get for a caller that knows the key was written at rev or
+// later (a watch delivered that write; 0: nothing known, a plain Get). A
+// bucket without LeaderReads answers gets from any replica, and one may
+// not have applied that write yet: a revision below rev, or no key, is
+// asked for again, backing off from 2 ms, until a revision at rev or later
+// comes (a delete marker among them: ErrNotFound). ErrBehind when none did
+// within atLeastWait.
+func (k *KV) GetAtLeast(ctx context.Context, key string, rev uint64) (Entry, error) {
+	if rev == 0 {
+		return k.Get(ctx, key)
+	}
+	ctx, span := k.start(ctx, "kv.get", key)
+	defer span.End()
+	span.SetAttributes(attribute.Int64("kv.at_least", int64(rev)))
+	delay := 2 * time.Millisecond
+	deadline := time.Now().Add(atLeastWait)
+	for {
+		e, err := k.last(ctx, key)
+		switch {
+		case err == nil && e.Revision >= rev && e.Op != jetstream.KeyValuePut:
+			return Entry{}, k.fail(span, "get", key, fmt.Errorf("%w (deleted at revision %d)", jetstream.ErrKeyNotFound, e.Revision))
+		case err == nil && e.Revision >= rev:
+			span.SetAttributes(attrFound.Bool(true), attrRevision.Int64(int64(e.Revision)))
+			return e, nil
+		case err != nil && !errors.Is(err, jetstream.ErrKeyNotFound):
+			return Entry{}, k.fail(span, "get", key, err)
+		}
+		if !time.Now().Before(deadline) {
+			return Entry{}, k.fail(span, "get", key, fmt.Errorf("%w: revision %d was written, the replicas asked hold %d", ErrBehind, rev, e.Revision))
+		}
+		select {
+		case <-ctx.Done():
+			return Entry{}, k.fail(span, "get", key, ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 200*time.Millisecond)
+	}
+}
+
 // last returns the key's latest message, marker or not.
 func (k *KV) last(ctx context.Context, key string) (Entry, error) {
 	if !keyValid(key) {

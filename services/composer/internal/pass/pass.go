@@ -64,6 +64,12 @@ type Config struct {
 	// back to an older state, before the passes that follow are asked for
 	// (the app has the catalog view read every registration again).
 	StoreWentBack func(bucket string)
+	// Known, when set, returns the revisions of a node's spec and haves
+	// record the composer's watches delivered last (0: none): a pass
+	// reads them at those revisions or later, since the buckets answer
+	// reads from any replica and one behind the write that called for the
+	// pass would make the pass decide on what came before it.
+	Known func(node string) (spec, haves uint64)
 	// CatalogCaughtUp, when set, reports whether the catalog view holds
 	// every registration; a pass refuses to run while it does not.
 	CatalogCaughtUp func() bool
@@ -269,6 +275,10 @@ func (st *nodeState) prevWant(module string) *typev1.Want {
 
 func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
 	st := &nodeState{}
+	var specMin, havesMin uint64
+	if p.cfg.Known != nil {
+		specMin, havesMin = p.cfg.Known(node)
+	}
 	// The three reads are independent: one round trip instead of three.
 	var specErr, asgErr, havesErr error
 	var wg sync.WaitGroup
@@ -279,9 +289,9 @@ func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
 	}()
 	go func() {
 		defer wg.Done()
-		st.haves, st.havesRev, havesErr = p.cfg.Store.Have(ctx, node)
+		st.haves, st.havesRev, havesErr = p.cfg.Store.HaveAtLeast(ctx, node, havesMin)
 	}()
-	st.spec, st.specRev, specErr = p.cfg.Store.Spec(ctx, node)
+	st.spec, st.specRev, specErr = p.cfg.Store.SpecAtLeast(ctx, node, specMin)
 	wg.Wait()
 	if err := specErr; err != nil {
 		if errors.Is(err, store.ErrNotFound) {

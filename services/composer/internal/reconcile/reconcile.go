@@ -92,6 +92,9 @@ type Reconciler struct {
 	specs     map[string]*composerv1.NodeSpec
 	approvals map[string]*composerv1.Approval
 	haves     map[string]*composerv1.HaveRecord
+	// known are the revisions of each node's spec and haves record the
+	// watches delivered last (see Known).
+	known     map[string]knownRevs
 	nextVisit map[string]time.Time
 	// failures counts each node's passes failed in a row.
 	failures map[string]int
@@ -116,7 +119,7 @@ func New(cfg Config) *Reconciler {
 	}
 	return &Reconciler{cfg: cfg, pending: map[string]task{}, running: map[string]bool{}, dirty: map[string]task{},
 		wake: make(chan struct{}, 1), specs: map[string]*composerv1.NodeSpec{}, haves: map[string]*composerv1.HaveRecord{},
-		approvals: map[string]*composerv1.Approval{},
+		approvals: map[string]*composerv1.Approval{}, known: map[string]knownRevs{},
 		nextVisit: map[string]time.Time{}, failures: map[string]int{}}
 }
 
@@ -237,6 +240,19 @@ func (r *Reconciler) Nodes() []string {
 	return out
 }
 
+type knownRevs struct{ spec, haves uint64 }
+
+// Known returns the revisions of a node's spec and haves record the
+// watches delivered last, 0 for none (pass.Config.Known). A delete, or a
+// watch that started over, replaces them: they are never above what the
+// bucket now holds for long.
+func (r *Reconciler) Known(node string) (spec, haves uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := r.known[node]
+	return k.spec, k.haves
+}
+
 // Spec returns a node's spec as the nodes watch last delivered it.
 func (r *Reconciler) Spec(node string) (*composerv1.NodeSpec, bool) {
 	r.mu.Lock()
@@ -271,6 +287,14 @@ func (r *Reconciler) watchSpecs(ctx context.Context) error {
 		}
 		node := e.Key
 		tctx := e.TraceContext(context.Background())
+		r.mu.Lock()
+		k := r.known[node]
+		k.spec = 0
+		if e.Op == jetstream.KeyValuePut {
+			k.spec = e.Revision
+		}
+		r.known[node] = k
+		r.mu.Unlock()
 		if e.Op != jetstream.KeyValuePut {
 			r.mu.Lock()
 			delete(r.specs, node)
@@ -418,6 +442,14 @@ func (r *Reconciler) watchHaves(ctx context.Context) error {
 			initial = false
 			continue
 		}
+		r.mu.Lock()
+		k := r.known[e.Key]
+		k.haves = 0
+		if e.Op == jetstream.KeyValuePut {
+			k.haves = e.Revision
+		}
+		r.known[e.Key] = k
+		r.mu.Unlock()
 		if e.Op != jetstream.KeyValuePut {
 			// A node deleted, or a record the store lost (the watch starts
 			// over after a store went back): its next report is a change.

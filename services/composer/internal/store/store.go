@@ -228,7 +228,13 @@ func encode(m proto.Message) ([]byte, error) {
 
 // get reads a key and decodes it; ErrNotFound when absent.
 func get[T proto.Message](ctx context.Context, kv *natsx.KV, key string, m T) (T, uint64, error) {
-	e, err := kv.Get(ctx, key)
+	return getAtLeast(ctx, kv, key, 0, m)
+}
+
+// getAtLeast is get of a key known written at rev or later (natsx
+// GetAtLeast; 0: nothing known).
+func getAtLeast[T proto.Message](ctx context.Context, kv *natsx.KV, key string, rev uint64, m T) (T, uint64, error) {
+	e, err := kv.GetAtLeast(ctx, key, rev)
 	if err != nil {
 		var zero T
 		return zero, 0, err
@@ -256,6 +262,12 @@ func write(ctx context.Context, kv *natsx.KV, key string, m proto.Message, rev u
 // Spec returns a node spec and its revision.
 func (s *Store) Spec(ctx context.Context, node string) (*composerv1.NodeSpec, uint64, error) {
 	return get(ctx, s.Nodes, node, &composerv1.NodeSpec{})
+}
+
+// SpecAtLeast is Spec of a spec known written at rev or later (a watch
+// delivered it): a replica behind that write is not taken for the truth.
+func (s *Store) SpecAtLeast(ctx context.Context, node string, rev uint64) (*composerv1.NodeSpec, uint64, error) {
+	return getAtLeast(ctx, s.Nodes, node, rev, &composerv1.NodeSpec{})
 }
 
 // PutSpec writes a node spec: create-only, CAS on expectRev, or (both zero) a
@@ -311,6 +323,11 @@ func (s *Store) WriteAssignment(ctx context.Context, a *composerv1.Assignment, r
 // Have returns a node's haves record and its revision.
 func (s *Store) Have(ctx context.Context, node string) (*composerv1.HaveRecord, uint64, error) {
 	return get(ctx, s.Haves, node, &composerv1.HaveRecord{})
+}
+
+// HaveAtLeast is Have of a record known written at rev or later.
+func (s *Store) HaveAtLeast(ctx context.Context, node string, rev uint64) (*composerv1.HaveRecord, uint64, error) {
+	return getAtLeast(ctx, s.Haves, node, rev, &composerv1.HaveRecord{})
 }
 
 // Record returns the judgement record of a composition key.
