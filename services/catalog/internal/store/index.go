@@ -86,7 +86,7 @@ func (s *Store) catchUp(ctx context.Context) error {
 		s.log.Warn("catalog-entries went back to an older state; the entry index and cache start over",
 			"last_sequence", last, "index_sequence", x.seq)
 		x.seq, x.moduleOf, x.all, x.byModule = 0, map[string]string{}, nil, map[string][]string{}
-		s.cache.reset()
+		s.cache.Reset()
 	}
 	from := x.seq + 1
 	x.mu.Unlock()

@@ -28,6 +28,7 @@ import (
 
 	"mesh.dev/internal/canonical"
 	"mesh.dev/internal/names"
+	"mesh.dev/internal/lru"
 	"mesh.dev/internal/natsx"
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
 )
@@ -63,7 +64,9 @@ type Store struct {
 	tracer    trace.Tracer
 	log       *slog.Logger
 
-	cache *entryCache
+	// cache holds entries by fingerprint, bounded by their encoded size;
+	// entries never change once written, so it needs no invalidation.
+	cache *lru.Cache[*catalogv1.Entry]
 	index *entryIndex
 }
 
@@ -124,7 +127,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Store, erro
 		cacheBytes = DefaultEntryCacheBytes
 	}
 	if cacheBytes > 0 {
-		s.cache = newEntryCache(cacheBytes)
+		s.cache = lru.New[*catalogv1.Entry](cacheBytes)
 	}
 	return s, nil
 }
@@ -144,7 +147,7 @@ func fpKey(fp string) (string, error) {
 // entry is shared: callers must not modify it. It returns an error wrapping
 // natsx.ErrNotFound when there is none.
 func (s *Store) Entry(ctx context.Context, fp string) (*catalogv1.Entry, error) {
-	if e := s.cache.get(fp); e != nil {
+	if e, ok := s.cache.Get(fp); ok {
 		return e, nil
 	}
 	key, err := fpKey(fp)
@@ -167,7 +170,7 @@ func (s *Store) Entry(ctx context.Context, fp string) (*catalogv1.Entry, error) 
 }
 
 func (s *Store) remember(e *catalogv1.Entry, size int) {
-	s.cache.put(e.GetFingerprint(), e, size)
+	s.cache.Put(e.GetFingerprint(), e, size)
 }
 
 // CreateEntry stores a new entry, its module in the ModuleHeader header.

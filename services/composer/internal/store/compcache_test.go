@@ -51,8 +51,8 @@ func TestCompositionCache(t *testing.T) {
 	if got, _ := c.get("ace.m0", envelope.Digest(envs[0])); got.GetSignatures()[0].GetKeyId() != "k1:new" {
 		t.Errorf("signatures %v after the payload was put again signed anew", got.GetSignatures())
 	}
-	if c.bytes != 300 {
-		t.Errorf("%d bytes held, want 300", c.bytes)
+	if n := c.lru.Bytes(); n != 300 {
+		t.Errorf("%d bytes held, want 300", n)
 	}
 	big := payload(9, 301)
 	c.put("ace.big", big)
