@@ -50,6 +50,17 @@ func quickStallChecks(t *testing.T) *silence {
 	return s
 }
 
+// watching starts a watch the test's end stops.
+func watching(t *testing.T, kv *KV, keys string, opts ...WatchOption) *Watcher {
+	t.Helper()
+	w, err := kv.Watch(t.Context(), keys, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	return w
+}
+
 // silenceCurrent silences the iterator the watch reads now; the next one
 // (made by a resume) is left alone.
 func (s *silence) silenceCurrent() {
@@ -76,11 +87,7 @@ func TestWatchResumesAfterItsConsumerFellSilent(t *testing.T) {
 	kv := ensureKV(t, js, testSpec(1))
 	put := jetstream.KeyValuePut
 	putValue(t, kv, "a", "1")
-	w, err := kv.Watch(t.Context(), ">")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	w := watching(t, kv, ">")
 	expect(t, w, event{key: "a", value: "1", op: put}, doneMarker)
 	s.silenceCurrent()
 	putValue(t, kv, "b", "1")
@@ -107,11 +114,7 @@ func TestWatchOfUpdatesResumesAfterWhereItStarted(t *testing.T) {
 	putValue(t, kv, "old", "1")
 	putValue(t, kv, "old", "2")
 	s.silenceFirst()
-	w, err := kv.Watch(t.Context(), ">", UpdatesOnly())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	w := watching(t, kv, ">", UpdatesOnly())
 	putValue(t, kv, "new", "1")
 	expect(t, w, event{key: "new", value: "1", op: put})
 	if n := w.Resumes(); n != 1 {
@@ -131,11 +134,7 @@ func TestWatchStalledInItsInitialValues(t *testing.T) {
 		putValue(t, kv, k, "1")
 	}
 	s.silenceFirst()
-	w, err := kv.Watch(t.Context(), ">")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	w := watching(t, kv, ">")
 	expect(t, w, event{key: "a", value: "1", op: put}, event{key: "b", value: "1", op: put}, event{key: "c", value: "1", op: put}, doneMarker)
 	putValue(t, kv, "d", "1")
 	expect(t, w, event{key: "d", value: "1", op: put})
@@ -151,11 +150,7 @@ func TestIdleWatchDoesNotResume(t *testing.T) {
 	_, js := serverAndJS(t)
 	kv := ensureKV(t, js, testSpec(1))
 	putValue(t, kv, "a", "1")
-	w, err := kv.Watch(t.Context(), "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	w := watching(t, kv, "a")
 	expect(t, w, event{key: "a", value: "1", op: jetstream.KeyValuePut}, doneMarker)
 	// Writes of other keys are not the watch's.
 	putValue(t, kv, "b", "1")
@@ -178,11 +173,7 @@ func TestWatchAfterItsConsumerWasDeleted(t *testing.T) {
 	kv := ensureKV(t, js, testSpec(1))
 	put := jetstream.KeyValuePut
 	putValue(t, kv, "a", "1")
-	w, err := kv.Watch(t.Context(), ">")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	w := watching(t, kv, ">")
 	expect(t, w, event{key: "a", value: "1", op: put}, doneMarker)
 	for round := range 3 {
 		w.mu.Lock()

@@ -42,16 +42,7 @@ func TestKeyStates(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			w := newWorld(t)
-			// Keyset 2: the key that signs is now in tt.state, a new key
-			// is ACTIVE.
-			ks := proto.Clone(w.trust.Keyset).(*typev1.Keyset)
-			ks.Version = 2
-			ks.IssuedAt = timestamppb.New(now)
-			ks.Keys = []*typev1.KeysetKey{
-				testutil.KeysetKeyOf(w.trust.SigningKey, tt.state, now.Add(-48*time.Hour), tt.notAfter),
-				testutil.KeysetKeyOf(testutil.NewKey(t), typev1.KeyState_KEY_STATE_ACTIVE, now.Add(-time.Hour), now.Add(48*time.Hour)),
-			}
-			w.composer.keyset = w.trust.SignKeyset(t, ks, w.trust.RootKeys...)
+			w.keysetWithSigningKey(t, now, tt.state, tt.notAfter)
 			r := w.start(t)
 			eventually(t, "keyset 2 taken", func() (bool, string) {
 				s := r.status(t)
@@ -74,6 +65,19 @@ func TestKeyStates(t *testing.T) {
 			sameTree(t, before, snapshot(t, w.root))
 		})
 	}
+}
+
+// keysetWithSigningKey makes the composer offer keyset 2, in which the key
+// that signs is in the given state until notAfter and a new key is ACTIVE.
+func (w *world) keysetWithSigningKey(t *testing.T, now time.Time, state typev1.KeyState, notAfter time.Time) {
+	ks := proto.Clone(w.trust.Keyset).(*typev1.Keyset)
+	ks.Version = 2
+	ks.IssuedAt = timestamppb.New(now)
+	ks.Keys = []*typev1.KeysetKey{
+		testutil.KeysetKeyOf(w.trust.SigningKey, state, now.Add(-48*time.Hour), notAfter),
+		testutil.KeysetKeyOf(testutil.NewKey(t), typev1.KeyState_KEY_STATE_ACTIVE, now.Add(-time.Hour), now.Add(48*time.Hour)),
+	}
+	w.composer.keyset = w.trust.SignKeyset(t, ks, w.trust.RootKeys...)
 }
 
 // TestLiveManifestGoesStale: the manifest an engine applied is judged again
@@ -100,14 +104,7 @@ func TestLiveManifestGoesStale(t *testing.T) {
 			w := newWorld(t)
 			version := uint64(1)
 			if !tt.retiredUntil.IsZero() {
-				ks := proto.Clone(w.trust.Keyset).(*typev1.Keyset)
-				ks.Version = 2
-				ks.IssuedAt = timestamppb.New(now)
-				ks.Keys = []*typev1.KeysetKey{
-					testutil.KeysetKeyOf(w.trust.SigningKey, typev1.KeyState_KEY_STATE_RETIRED, now.Add(-48*time.Hour), tt.retiredUntil),
-					testutil.KeysetKeyOf(testutil.NewKey(t), typev1.KeyState_KEY_STATE_ACTIVE, now.Add(-time.Hour), now.Add(48*time.Hour)),
-				}
-				w.composer.keyset = w.trust.SignKeyset(t, ks, w.trust.RootKeys...)
+				w.keysetWithSigningKey(t, now, typev1.KeyState_KEY_STATE_RETIRED, tt.retiredUntil)
 				version = 2
 			}
 			var skew atomic.Int64
