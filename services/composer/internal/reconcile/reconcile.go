@@ -242,6 +242,16 @@ func (r *Reconciler) Nodes() []string {
 
 type knownRevs struct{ spec, haves uint64 }
 
+// setKnownLocked keeps a node's known revisions (none kept for a node
+// with neither).
+func (r *Reconciler) setKnownLocked(node string, k knownRevs) {
+	if k == (knownRevs{}) {
+		delete(r.known, node)
+		return
+	}
+	r.known[node] = k
+}
+
 // Known returns the revisions of a node's spec and haves record the
 // watches delivered last, 0 for none (pass.Config.Known). A delete, or a
 // watch that started over, replaces them: they are never above what the
@@ -293,7 +303,7 @@ func (r *Reconciler) watchSpecs(ctx context.Context) error {
 		if e.Op == jetstream.KeyValuePut {
 			k.spec = e.Revision
 		}
-		r.known[node] = k
+		r.setKnownLocked(node, k)
 		r.mu.Unlock()
 		if e.Op != jetstream.KeyValuePut {
 			r.mu.Lock()
@@ -448,7 +458,7 @@ func (r *Reconciler) watchHaves(ctx context.Context) error {
 		if e.Op == jetstream.KeyValuePut {
 			k.haves = e.Revision
 		}
-		r.known[e.Key] = k
+		r.setKnownLocked(e.Key, k)
 		r.mu.Unlock()
 		if e.Op != jetstream.KeyValuePut {
 			// A node deleted, or a record the store lost (the watch starts
