@@ -27,8 +27,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"mesh.dev/internal/canonical"
-	"mesh.dev/internal/names"
 	"mesh.dev/internal/lru"
+	"mesh.dev/internal/names"
 	"mesh.dev/internal/natsx"
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
 )

@@ -631,9 +631,11 @@ func (a *Applier) prepareContent(p *Prepared, d *desired, pr *prefix, rel string
 		}
 		op.Kind, op.Stage = state.OpWrite, rec.Digest
 		if in, ok := r.GetContent().(*typev1.Resource_Inline); ok {
-			// Signed with the composition and kept with the op in the
-			// journal: no staged copy to write, fsync and remove.
+			// Signed with the composition and kept with it in the
+			// journal (by reference, when the journal keeps that
+			// envelope): no staged copy to write, fsync and remove.
 			op.InJournal, op.Inline = true, in.Inline
+			op.FromComposition = d.comp.Env != nil && op.Path == r.GetPath()
 			break
 		}
 		_, size, _ := contentDigest(d.comp, r)

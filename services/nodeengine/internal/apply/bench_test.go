@@ -10,16 +10,13 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"mesh.dev/internal/names"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 	"mesh.dev/services/nodeengine/internal/state"
 )
 
-// BenchmarkApplyChange applies a change of every file of a module of 24
-// files of 480 bytes (the composition bench converge changes, ~12 KB):
-// Prepare, Stage and Execute, on /dev/shm when it exists (where bench
-// converge puts the engines' roots), so the figure is the applier's own
-// CPU and syscalls, not the disk's.
 // changeDisk is a root with prefix /etc and an applier over it, on
 // /dev/shm when it exists.
 func changeDisk(tb testing.TB) (*Applier, string) {
@@ -65,7 +62,32 @@ func changeComp(tb testing.TB, gen, files int) *Composition {
 			Content: &typev1.Resource_Inline{Inline: body},
 		})
 	}
-	return &Composition{Module: "bench", Key: "ace.bench", Comp: c, Env: &typev1.Envelope{}}
+	payload, err := proto.Marshal(c)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &Composition{Module: "bench", Key: "ace.bench", Comp: c, Env: &typev1.Envelope{PayloadType: typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, Payload: payload}}
+}
+
+// BenchmarkApplyChange applies a change of every file of a module of 24
+// files of 480 bytes (the composition bench converge changes, ~12 KB):
+// Prepare, Stage and Execute, on /dev/shm when it exists (where bench
+// converge puts the engines' roots), so the figure is the applier's own
+// CPU and syscalls, not the disk's. With store=memory the journal and the
+// commit are not written; with store=bbolt they go to an engine's state
+// file beside the root, as in an engine.
+func BenchmarkApplyChange(b *testing.B) {
+	b.Run("store=memory", func(b *testing.B) { benchApplyChange(b, func(string) Store { return memStore{} }) })
+	b.Run("store=bbolt", func(b *testing.B) {
+		benchApplyChange(b, func(root string) Store {
+			db, err := state.Open(filepath.Join(filepath.Dir(root), "engine.db"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { db.Close() })
+			return db
+		})
+	})
 }
 
 // BenchmarkApplyChange applies a change of every file of a module of 24
@@ -73,8 +95,9 @@ func changeComp(tb testing.TB, gen, files int) *Composition {
 // Prepare, Stage and Execute, on /dev/shm when it exists (where bench
 // converge puts the engines' roots), so the figure is the applier's own
 // CPU and syscalls, not the disk's.
-func BenchmarkApplyChange(b *testing.B) {
-	a, _ := changeDisk(b)
+func benchApplyChange(b *testing.B, storeAt func(root string) Store) {
+	a, root := changeDisk(b)
+	store := storeAt(root)
 	ledger := map[string]*state.LedgerRecord{}
 	apply := func(gen int) {
 		prep := a.Prepare(Plan{Compositions: []*Composition{changeComp(b, gen, 24)}, Ledger: ledger, Removals: true})
@@ -84,7 +107,7 @@ func BenchmarkApplyChange(b *testing.B) {
 		if f := a.Stage(context.Background(), prep, noSource{}); len(f) > 0 {
 			b.Fatalf("stage: %v", f)
 		}
-		res, err := a.Execute(context.Background(), prep, ledger, memStore{}, Meta{})
+		res, err := a.Execute(context.Background(), prep, ledger, store, Meta{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -125,7 +125,11 @@ const (
 	keyMarks          = "marks"
 	keyCurrent        = "current"
 	keyIntent         = "intent"
-	keySeq            = "seq"
+	// keyIntentManifest and intentCompositionPrefix hold a version 2
+	// journal's envelopes beside its intent.
+	keyIntentManifest       = "intent.manifest"
+	intentCompositionPrefix = "intent.composition."
+	keySeq                  = "seq"
 )
 
 // version is the v field of every record; a record of another version is
@@ -250,26 +254,50 @@ type Op struct {
 	// is staged for it, and a replay after a crash writes it from here.
 	InJournal bool   `json:"in_journal,omitempty"`
 	Inline    []byte `json:"inline,omitempty"`
+	// FromComposition says Inline is the inline content of the resource at
+	// Path in the journal's composition of Module: the journal keeps it
+	// there only, and Load takes it back from the composition (checked
+	// against Stage).
+	FromComposition bool `json:"from_composition,omitempty"`
 }
 
 // Journal is the intent of one apply: its ops and what to commit when they
 // are done.
 type Journal struct {
-	V  int    `json:"v"`
-	ID string `json:"id"`
+	ID string
 	// Revision is the manifest revision being applied.
-	Revision uint64 `json:"revision"`
-	Ops      []Op   `json:"ops"`
+	Revision uint64
+	Ops      []Op
 	// Manifest is the manifest envelope (proto bytes) to record as applied.
-	Manifest []byte `json:"manifest,omitempty"`
+	Manifest []byte
 	// Compositions are the envelopes (proto bytes) to record as applied, by
 	// module, once every op of that module is done.
-	Compositions map[string][]byte `json:"compositions,omitempty"`
+	Compositions map[string][]byte
 	// Drop lists modules whose applied composition goes.
-	Drop []string `json:"drop,omitempty"`
+	Drop []string
 	// Traceparent continues the apply's trace after a restart.
-	Traceparent string `json:"traceparent,omitempty"`
+	Traceparent string
 }
+
+// journalRecord is the journal's intent record. Version 2 keeps the
+// manifest and compositions as raw proto bytes under keys of their own
+// beside it (intent.manifest, intent.composition.<module>) and the inline
+// content of writes only in those compositions (Op.FromComposition);
+// version 1 carried all of it in the JSON, in base64, and is still read.
+type journalRecord struct {
+	V        int    `json:"v"`
+	ID       string `json:"id"`
+	Revision uint64 `json:"revision"`
+	Ops      []Op   `json:"ops"`
+	// Manifest and Compositions are version 1's only.
+	Manifest     []byte            `json:"manifest,omitempty"`
+	Compositions map[string][]byte `json:"compositions,omitempty"`
+	Drop         []string          `json:"drop,omitempty"`
+	Traceparent  string            `json:"traceparent,omitempty"`
+}
+
+// journalVersion is the v of the intent record written now.
+const journalVersion = 2
 
 // Commit is the end of an apply, written in one transaction: ledger changes,
 // the applied manifest and compositions, and the journal cleared.
@@ -538,23 +566,7 @@ func (d *DB) Load() (*Kept, error) {
 		if k.KeysetErr != nil {
 			k.Keyset = nil
 		}
-		k.JournalErr = eachKey(tx, SectionJournal, func(key string, v []byte) error {
-			if key != keyIntent {
-				return errors.New("unknown key")
-			}
-			j := &Journal{}
-			if err := strictJSON(v, j); err != nil {
-				return err
-			}
-			if j.V != version {
-				return fmt.Errorf("version %d", j.V)
-			}
-			k.Journal = j
-			return nil
-		})
-		if k.JournalErr != nil {
-			k.Journal = nil
-		}
+		k.Journal, k.JournalErr = loadJournal(tx)
 		legacy := k.ReportSeq
 		k.ReportSeqErr = eachKey(tx, SectionReport, func(key string, v []byte) error {
 			if key != keySeq {
@@ -758,17 +770,168 @@ func (d *DB) PutKeyset(env *typev1.Envelope) error {
 	return nil
 }
 
-// PutJournal writes the intent of an apply.
+// PutJournal writes the intent of an apply, in one transaction: the intent
+// record, and its manifest and compositions as raw bytes beside it (see
+// journalRecord). Whatever an earlier journal left goes.
 func (d *DB) PutJournal(j *Journal) error {
-	j.V = version
-	v, err := json.Marshal(j)
+	rec := journalRecord{V: journalVersion, ID: j.ID, Revision: j.Revision, Ops: j.Ops, Drop: j.Drop, Traceparent: j.Traceparent}
+	// The content of a write by reference stays in its composition; the
+	// caller's ops keep theirs.
+	cloned := false
+	for i, op := range j.Ops {
+		if op.FromComposition && op.Inline != nil {
+			if !cloned {
+				rec.Ops, cloned = append([]Op(nil), j.Ops...), true
+			}
+			rec.Ops[i].Inline = nil
+		}
+	}
+	v, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	if err := d.put(SectionJournal, keyIntent, v); err != nil {
+	err = d.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte(SectionJournal))
+		if err := clearBucket(b); err != nil {
+			return err
+		}
+		if len(j.Manifest) > 0 {
+			if err := b.Put([]byte(keyIntentManifest), j.Manifest); err != nil {
+				return err
+			}
+		}
+		for m, env := range j.Compositions {
+			if err := b.Put([]byte(intentCompositionPrefix+m), env); err != nil {
+				return err
+			}
+		}
+		return b.Put([]byte(keyIntent), v)
+	})
+	if err != nil {
 		return fmt.Errorf("write apply journal: %w", err)
 	}
 	return nil
+}
+
+// clearBucket deletes every key of a bucket.
+func clearBucket(b *bolt.Bucket) error {
+	var keys [][]byte
+	if err := b.ForEach(func(k, _ []byte) error {
+		keys = append(keys, append([]byte(nil), k...))
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := b.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadJournal reads the journal section: nil when it holds no intent. The
+// inline content of a version 2 journal's writes is taken back from its
+// compositions, each checked against the digest the op was to write.
+func loadJournal(tx *bolt.Tx) (*Journal, error) {
+	var rec *journalRecord
+	var manifest []byte
+	comps := map[string][]byte{}
+	err := eachKey(tx, SectionJournal, func(key string, v []byte) error {
+		switch {
+		case key == keyIntent:
+			rec = &journalRecord{}
+			if err := strictJSON(v, rec); err != nil {
+				return err
+			}
+			if rec.V != version && rec.V != journalVersion {
+				return fmt.Errorf("version %d", rec.V)
+			}
+		case key == keyIntentManifest:
+			manifest = append([]byte(nil), v...)
+		case strings.HasPrefix(key, intentCompositionPrefix) && len(key) > len(intentCompositionPrefix):
+			comps[strings.TrimPrefix(key, intentCompositionPrefix)] = append([]byte(nil), v...)
+		default:
+			return errors.New("unknown key")
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		if manifest != nil || len(comps) > 0 {
+			return nil, fmt.Errorf("%w: section %s holds a journal's envelopes without its %s record", ErrUnreadable, SectionJournal, keyIntent)
+		}
+		return nil, nil
+	}
+	j := &Journal{ID: rec.ID, Revision: rec.Revision, Ops: rec.Ops, Drop: rec.Drop, Traceparent: rec.Traceparent}
+	if rec.V == version {
+		if manifest != nil || len(comps) > 0 {
+			return nil, unreadable(SectionJournal, keyIntent, errors.New("a version 1 journal with envelopes beside it"))
+		}
+		j.Manifest, j.Compositions = rec.Manifest, rec.Compositions
+		for _, op := range j.Ops {
+			if op.FromComposition {
+				return nil, unreadable(SectionJournal, keyIntent, fmt.Errorf("op %s %s: content by reference in a version 1 journal", op.Kind, op.Path))
+			}
+		}
+		return j, nil
+	}
+	if rec.Manifest != nil || rec.Compositions != nil {
+		return nil, unreadable(SectionJournal, keyIntent, errors.New("a version 2 journal with envelopes in its record"))
+	}
+	j.Manifest, j.Compositions = manifest, comps
+	inline := map[string]map[string][]byte{}
+	for i := range j.Ops {
+		op := &j.Ops[i]
+		if !op.FromComposition {
+			continue
+		}
+		if op.Kind != OpWrite || !op.InJournal || op.Inline != nil {
+			return nil, unreadable(SectionJournal, keyIntent, fmt.Errorf("op %s %s: content by reference on an op that is not an inline write", op.Kind, op.Path))
+		}
+		byPath, ok := inline[op.Module]
+		if !ok {
+			var err error
+			if byPath, err = inlineContents(comps[op.Module]); err != nil {
+				return nil, unreadable(SectionJournal, intentCompositionPrefix+op.Module, err)
+			}
+			inline[op.Module] = byPath
+		}
+		content, ok := byPath[op.Path]
+		switch {
+		case !ok:
+			return nil, unreadable(SectionJournal, keyIntent, fmt.Errorf("op write %s: the journal's composition of module %q has no inline content at that path", op.Path, op.Module))
+		case names.Digest(content) != op.Stage:
+			return nil, unreadable(SectionJournal, keyIntent, fmt.Errorf("op write %s: the inline content in the journal's composition of module %q is not %s", op.Path, op.Module, op.Stage))
+		}
+		op.Inline = content
+	}
+	return j, nil
+}
+
+// inlineContents returns the inline content of a composition envelope's
+// resources by path.
+func inlineContents(b []byte) (map[string][]byte, error) {
+	if b == nil {
+		return nil, errors.New("no composition of the module is kept")
+	}
+	env := &typev1.Envelope{}
+	if err := proto.Unmarshal(b, env); err != nil {
+		return nil, fmt.Errorf("composition envelope: %w", err)
+	}
+	c := &typev1.Composition{}
+	if err := proto.Unmarshal(env.GetPayload(), c); err != nil {
+		return nil, fmt.Errorf("composition payload: %w", err)
+	}
+	out := map[string][]byte{}
+	for _, r := range c.GetResources() {
+		if in, ok := r.GetContent().(*typev1.Resource_Inline); ok {
+			out[r.GetPath()] = in.Inline
+		}
+	}
+	return out, nil
 }
 
 // Commit writes the end of an apply in one transaction.
@@ -819,7 +982,7 @@ func (d *DB) Commit(c *Commit) error {
 			}
 		}
 		if c.ClearJournal {
-			if err := tx.Bucket([]byte(SectionJournal)).Delete([]byte(keyIntent)); err != nil {
+			if err := clearBucket(tx.Bucket([]byte(SectionJournal))); err != nil {
 				return err
 			}
 		}

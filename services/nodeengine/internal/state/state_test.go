@@ -1,7 +1,11 @@
 package state
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -353,5 +357,121 @@ func TestKeepWantsPutsBeforeDeletes(t *testing.T) {
 	})
 	if !slices.Equal(got, []string{"c"}) || !proto.Equal(k.Wants["c"].Want, c.Next["c"].Want) {
 		t.Errorf("kept wants %v", got)
+	}
+}
+
+// TestJournal: a journal keeps its manifest and compositions as raw bytes
+// beside its intent record and the inline content of its writes only in
+// those compositions; Load gives the journal back whole, refuses one whose
+// content by reference is not what the op was to write, still reads a
+// version 1 journal, and a commit or the next journal leaves nothing of it.
+func TestJournal(t *testing.T) {
+	t.Parallel()
+	content := []byte("listen 8080\n")
+	comp := &typev1.Composition{Node: "ace", Module: "web", Resources: []*typev1.Resource{
+		{Id: "web.conf", Type: typev1.ResourceType_RESOURCE_TYPE_FILE, Path: "/etc/web/conf", Content: &typev1.Resource_Inline{Inline: content}},
+	}}
+	envOf := func(c *typev1.Composition) []byte {
+		payload, err := proto.Marshal(c)
+		must(t, err)
+		b, err := proto.Marshal(&typev1.Envelope{PayloadType: typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, Payload: payload})
+		must(t, err)
+		return b
+	}
+	manifest := []byte("manifest envelope")
+	journal := func() *Journal {
+		return &Journal{ID: "j1", Revision: 9, Manifest: manifest, Compositions: map[string][]byte{"web": envOf(comp)}, Traceparent: "00-tp",
+			Ops: []Op{
+				{Kind: OpMkdir, Path: "/etc/web", Module: "web", Record: &LedgerRecord{Path: "/etc/web", Type: TypeDir, Module: "web"}},
+				{Kind: OpWrite, Path: "/etc/web/conf", Module: "web", Stage: names.Digest(content), InJournal: true, Inline: content, FromComposition: true,
+					Record: &LedgerRecord{Path: "/etc/web/conf", Type: TypeFile, Module: "web", Digest: names.Digest(content)}},
+				{Kind: OpWrite, Path: "/etc/web/empty", Module: "web", Stage: names.Digest(nil), InJournal: true, Inline: []byte{},
+					Record: &LedgerRecord{Path: "/etc/web/empty", Type: TypeFile, Module: "web", Digest: names.Digest(nil)}},
+			}}
+	}
+	keys := func(db *DB) map[string][]byte {
+		out := map[string][]byte{}
+		must(t, db.Bolt().View(func(tx *bolt.Tx) error {
+			return tx.Bucket([]byte(SectionJournal)).ForEach(func(k, v []byte) error {
+				out[string(k)] = append([]byte(nil), v...)
+				return nil
+			})
+		}))
+		return out
+	}
+
+	db, _ := open(t)
+	j := journal()
+	must(t, db.PutJournal(j))
+	if string(j.Ops[1].Inline) != string(content) {
+		t.Errorf("PutJournal changed the caller's op: inline %q", j.Ops[1].Inline)
+	}
+	stored := keys(db)
+	if got := slices.Sorted(maps.Keys(stored)); !slices.Equal(got, []string{"intent", "intent.composition.web", "intent.manifest"}) {
+		t.Fatalf("journal keys %v", got)
+	}
+	if strings.Contains(string(stored["intent"]), "listen") || strings.Contains(string(stored["intent"]), base64.StdEncoding.EncodeToString(content)) {
+		t.Errorf("the intent record carries the content its composition holds: %s", stored["intent"])
+	}
+	if string(stored["intent.manifest"]) != string(manifest) {
+		t.Errorf("manifest stored as %q", stored["intent.manifest"])
+	}
+	k, err := db.Load()
+	must(t, err)
+	if k.JournalErr != nil {
+		t.Fatal(k.JournalErr)
+	}
+	// Compared as JSON: an empty inline content reads back as nil.
+	got, _ := json.Marshal(k.Journal)
+	want, _ := json.Marshal(journal())
+	if string(got) != string(want) {
+		t.Errorf("journal read back\n%s\nwant\n%s", got, want)
+	}
+
+	// A composition whose inline content is not what the op writes.
+	tampered := proto.Clone(comp).(*typev1.Composition)
+	tampered.Resources[0].Content = &typev1.Resource_Inline{Inline: []byte("listen 9999\n")}
+	must(t, db.Bolt().Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte(SectionJournal)).Put([]byte("intent.composition.web"), envOf(tampered))
+	}))
+	k, err = db.Load()
+	must(t, err)
+	if k.Journal != nil || !errors.Is(k.JournalErr, ErrUnreadable) || !strings.Contains(k.JournalErr.Error(), `/etc/web/conf: the inline content in the journal's composition of module "web" is not `+names.Digest(content)) {
+		t.Errorf("tampered composition: journal %v, error %v", k.Journal != nil, k.JournalErr)
+	}
+	// Without the composition.
+	must(t, db.Bolt().Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte(SectionJournal)).Delete([]byte("intent.composition.web"))
+	}))
+	if k, _ = db.Load(); k.Journal != nil || !strings.Contains(fmt.Sprint(k.JournalErr), "no composition of the module is kept") {
+		t.Errorf("composition missing: journal %v, error %v", k.Journal != nil, k.JournalErr)
+	}
+
+	// The next journal replaces every key of the last.
+	next := &Journal{ID: "j2", Revision: 10, Compositions: map[string][]byte{"db": envOf(&typev1.Composition{Module: "db"})}, Ops: []Op{{Kind: OpForget, Path: "/x", Module: "db"}}}
+	must(t, db.PutJournal(next))
+	if got := slices.Sorted(maps.Keys(keys(db))); !slices.Equal(got, []string{"intent", "intent.composition.db"}) {
+		t.Errorf("journal keys after the next journal %v", got)
+	}
+	must(t, db.Commit(&Commit{ClearJournal: true}))
+	if got := keys(db); len(got) != 0 {
+		t.Errorf("journal keys after the commit %v", slices.Sorted(maps.Keys(got)))
+	}
+	if k, _ = db.Load(); k.Journal != nil || k.JournalErr != nil {
+		t.Errorf("after the commit: journal %v, error %v", k.Journal, k.JournalErr)
+	}
+
+	// A version 1 journal, everything in its JSON, as an earlier engine
+	// wrote it.
+	v1, err := json.Marshal(map[string]any{"v": 1, "id": "old", "revision": 3, "manifest": manifest,
+		"compositions": map[string][]byte{"web": envOf(comp)},
+		"ops":          []map[string]any{{"kind": "write", "path": "/etc/web/conf", "module": "web", "stage": names.Digest(content), "in_journal": true, "inline": content}}})
+	must(t, err)
+	must(t, db.Bolt().Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte(SectionJournal)).Put([]byte("intent"), v1) }))
+	k, err = db.Load()
+	must(t, err)
+	if k.JournalErr != nil || k.Journal == nil || k.Journal.ID != "old" || string(k.Journal.Ops[0].Inline) != string(content) ||
+		string(k.Journal.Manifest) != string(manifest) || len(k.Journal.Compositions["web"]) == 0 {
+		t.Errorf("version 1 journal: %+v, error %v", k.Journal, k.JournalErr)
 	}
 }
