@@ -103,6 +103,13 @@ type Watcher struct {
 	mu  sync.Mutex
 	err error
 	it  jetstream.MessagesContext
+	// reads is the context the delivery loop reads it under (a child of
+	// halted); interrupt ends it, so a start over or resume ends a read
+	// even when the Stop of it came while nats.go's ordered consumer was
+	// replacing its inner iterator (Stop then stops the one replaced, and
+	// the new one would be read for ever: seen after a server restart).
+	reads     context.Context
+	interrupt context.CancelFunc
 	// cons is the consumer of it.
 	cons jetstream.Consumer
 	// lastSeq, lastSubject and lastTime are the stream sequence, subject
@@ -331,6 +338,10 @@ func (w *Watcher) open(ctx context.Context, cfg jetstream.OrderedConsumerConfig)
 		return 0, errWatchStopped
 	default:
 	}
+	if w.interrupt != nil {
+		w.interrupt()
+	}
+	w.reads, w.interrupt = context.WithCancel(w.halted)
 	w.it, w.cons, w.floor = it, cons, floor
 	return initPending, nil
 }
@@ -415,10 +426,10 @@ func (w *Watcher) run(ctx context.Context, initPending uint64) {
 	}
 	for {
 		w.mu.Lock()
-		it := w.it
+		it, reads := w.it, w.reads
 		w.waiting = true
 		w.mu.Unlock()
-		msg, err := watchNext(it, w.halted)
+		msg, err := watchNext(it, reads)
 		w.mu.Lock()
 		w.waiting = false
 		w.mu.Unlock()
@@ -428,8 +439,14 @@ func (w *Watcher) run(ctx context.Context, initPending uint64) {
 				return
 			default:
 			}
+			// Interrupted (see Watcher.reads) counts as stopped: the
+			// iterator is stopped again here, from the reading side.
+			interrupted := reads.Err() != nil
+			if interrupted {
+				it.Stop()
+			}
 			w.mu.Lock()
-			closed := errors.Is(err, jetstream.ErrMsgIteratorClosed)
+			closed := errors.Is(err, jetstream.ErrMsgIteratorClosed) || interrupted
 			restart := w.restart && closed
 			resume := w.resume && closed && !restart
 			w.restart, w.resume = false, false
@@ -448,7 +465,7 @@ func (w *Watcher) run(ctx context.Context, initPending uint64) {
 				continue
 			}
 			if !restart {
-				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				if !closed {
 					w.fail(MapError(err))
 				}
 				return
@@ -599,6 +616,7 @@ func (w *Watcher) resumeNow() {
 	w.mu.Lock()
 	w.resume = true
 	it := w.it
+	w.interrupt()
 	w.mu.Unlock()
 	it.Stop()
 }
@@ -759,6 +777,7 @@ func (w *Watcher) startOver() {
 		w.restart = true
 	}
 	it := w.it
+	w.interrupt()
 	w.mu.Unlock()
 	it.Stop()
 }

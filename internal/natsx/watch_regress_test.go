@@ -142,6 +142,57 @@ func TestWatchStartsOverWhenTheStreamWentBack(t *testing.T) {
 	}
 }
 
+// TestWatchStartsOverWhenItsStopIsLost: nats.go's ordered consumer can
+// lose a Stop: one that comes while it replaces its inner iterator after a
+// server restart stops the iterator replaced, and its Next goes on reading
+// the new one (seen as a mirror never starting over after its store went
+// back). Here every Stop is lost that way: a read the iterator's Stop ended
+// goes on until its context ends. The watch still starts over after the
+// store went back, and still stops.
+func TestWatchStartsOverWhenItsStopIsLost(t *testing.T) {
+	// Not parallel: it replaces watchNext for every watch of the package.
+	read := watchNext
+	watchNext = func(it jetstream.MessagesContext, ctx context.Context) (jetstream.Msg, error) {
+		m, err := read(it, ctx)
+		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return m, err
+	}
+	t.Cleanup(func() { watchNext = read })
+	put, del := jetstream.KeyValuePut, jetstream.KeyValueDelete
+	r := newStoreRollback(t)
+	_, js := connect(t, r.e)
+	kv := ensureKV(t, js, testSpec(1))
+	putValue(t, kv, "a", "1")
+	r.snapshot()
+	reachable(t, kv)
+
+	w, err := kv.Watch(t.Context(), ">", ResyncMarker())
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, w, event{key: "a", value: "1", op: put}, doneMarker)
+	putValue(t, kv, "gone", "1")
+	expect(t, w, event{key: "gone", value: "1", op: put})
+
+	r.rollback()
+	expect(t, w, event{key: "<resync>"}, event{key: "a", value: "1", op: put}, event{key: "gone", op: del}, doneMarker)
+	putValue(t, kv, "c", "1")
+	expect(t, w, event{key: "c", value: "1", op: put})
+
+	w.Stop()
+	select {
+	case _, ok := <-w.Updates():
+		for ok {
+			_, ok = <-w.Updates()
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch did not stop")
+	}
+}
+
 // TestWatchThatCannotStartOverEnds: a watch resuming from a revision has
 // no meaning once that revision was handed out again: it ends with
 // ErrRegressed.
