@@ -47,6 +47,8 @@ checkgenerate: generate
 	fi
 
 lint: tools
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "not gofmt-formatted (run gofmt -w):"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet mesh.dev/...
 	$(BIN)/buf lint
 	$(BIN)/buf format -d --exit-code
