@@ -132,13 +132,11 @@ type Engine struct {
 	appliedComps map[string]*typev1.Composition
 	appliedErr   error
 	keysetErr    error
-	// reportSeq is the last report_seq sent (state.NextReportSeq);
-	// seqCeiling the one kept, at or above every report_seq sent (0 until
-	// written in this run).
-	reportSeq, seqCeiling uint64
-	keptWants             map[string]state.KeptWant
-	keptEntries           map[string]bool
-	pending               *state.Journal // ops ran, commit failed: replayed by the next pass
+	// reportSeq is the last report_seq sent (state.NextReportSeq).
+	reportSeq   uint64
+	keptWants   map[string]state.KeptWant
+	keptEntries map[string]bool
+	pending     *state.Journal // ops ran, commit failed: replayed by the next pass
 	// Writes of entries and wants that failed, retried each pass; said
 	// once per key.
 	dirtyEntries map[string]entries.Row
@@ -593,27 +591,11 @@ func (e *Engine) Hello() (*composerv1.Hello, uint64) {
 	}, e.reportVer
 }
 
-// ReportSeqReserve is how far above the report_seq it sends an engine keeps
-// the one it starts after: a report_seq is about the clock in
-// milliseconds, so the state file is written about once every ten minutes
-// of reports rather than before each (two fsyncs on a real disk, on the
-// way of every report). After a restart report_seq resumes above the kept
-// one, so above every one sent, whatever the clock did.
-const ReportSeqReserve = 10 * 60 * 1000
-
-// nextSeqLocked takes the next report_seq, keeping a new ceiling above it
-// first when it passed the one kept; a failed write is said once, the
-// sequence goes on in memory and the next report tries again.
+// nextSeqLocked takes the next report_seq and keeps it; a failed write is
+// said once and the sequence goes on in memory.
 func (e *Engine) nextSeqLocked() uint64 {
 	e.reportSeq = state.NextReportSeq(e.reportSeq, e.cfg.Now())
-	if e.reportSeq > e.seqCeiling {
-		ceiling := e.reportSeq + ReportSeqReserve
-		err := e.cfg.Store.PutReportSeq(ceiling)
-		if err == nil {
-			e.seqCeiling = ceiling
-		}
-		e.noteWrite("report_seq", err)
-	}
+	e.noteWrite("report_seq", e.cfg.Store.PutReportSeq(e.reportSeq))
 	return e.reportSeq
 }
 

@@ -725,8 +725,7 @@ func (d *DB) PutHighWater(hw HighWater) error {
 	return nil
 }
 
-// PutReportSeq persists a report_seq at or above every one sent: the next
-// run starts after it.
+// PutReportSeq persists the last report_seq sent.
 func (d *DB) PutReportSeq(seq uint64) error {
 	v, err := json.Marshal(reportRecord{V: version, Seq: seq})
 	if err != nil {
