@@ -104,10 +104,12 @@ type Watcher struct {
 	err error
 	it  jetstream.MessagesContext
 	// reads is the context the delivery loop reads it under (a child of
-	// halted); interrupt ends it, so a start over or resume ends a read
-	// even when the Stop of it came while nats.go's ordered consumer was
-	// replacing its inner iterator (Stop then stops the one replaced, and
-	// the new one would be read for ever: seen after a server restart).
+	// halted); a start over or resume ends the read by interrupt, and the
+	// delivery loop then stops it itself. Stopped from another goroutine,
+	// nats.go's ordered consumer can lose the Stop: one that takes its lock
+	// while it replaces its inner iterator (after a server restart) stops
+	// the iterator replaced, Next goes on reading the new one for ever, and
+	// that one is never stopped (seen as a watch never starting over).
 	reads     context.Context
 	interrupt context.CancelFunc
 	// cons is the consumer of it.
@@ -342,6 +344,10 @@ func (w *Watcher) open(ctx context.Context, cfg jetstream.OrderedConsumerConfig)
 		w.interrupt()
 	}
 	w.reads, w.interrupt = context.WithCancel(w.halted)
+	if w.restart || w.resume || w.err != nil {
+		// Asked while this consumer was made: its first read ends at once.
+		w.interrupt()
+	}
 	w.it, w.cons, w.floor = it, cons, floor
 	return initPending, nil
 }
@@ -440,7 +446,8 @@ func (w *Watcher) run(ctx context.Context, initPending uint64) {
 			default:
 			}
 			// Interrupted (see Watcher.reads) counts as stopped: the
-			// iterator is stopped again here, from the reading side.
+			// iterator is stopped here, from the goroutine that reads it,
+			// so no reset of the ordered consumer runs meanwhile.
 			interrupted := reads.Err() != nil
 			if interrupted {
 				it.Stop()
@@ -614,11 +621,9 @@ func (w *Watcher) undelivered(ctx context.Context) (bool, uint64, error) {
 // resumeAfterStall).
 func (w *Watcher) resumeNow() {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.resume = true
-	it := w.it
 	w.interrupt()
-	w.mu.Unlock()
-	it.Stop()
 }
 
 // resumeAfterStall replaces a stalled watch's consumer by one that delivers
@@ -776,10 +781,8 @@ func (w *Watcher) startOver() {
 	} else {
 		w.restart = true
 	}
-	it := w.it
 	w.interrupt()
 	w.mu.Unlock()
-	it.Stop()
 }
 
 // deleteConsumer removes a stopped watcher's consumer now rather than after
