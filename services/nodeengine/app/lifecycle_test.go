@@ -6,6 +6,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -15,6 +16,7 @@ import (
 	nodeenginev1 "mesh.dev/proto/mesh/nodeengine/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 	"mesh.dev/services/nodeengine/app"
+	"mesh.dev/services/nodeengine/internal/state"
 )
 
 func ino(t testing.TB, p string) uint64 {
@@ -321,4 +323,64 @@ func TestFirstViewsAndEntryAgain(t *testing.T) {
 	if _, err := r.admin.EntryAgain(context.Background(), &nodeenginev1.EntryAgainRequest{Fingerprint: "fp1:nope"}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("malformed fingerprint: %v", err)
 	}
+}
+
+// TestReportSeqAboveEverySentWithAStoppedClock: with the engine's clock
+// standing still (so only what it kept keeps report_seq going up), the
+// Hello after a restart carries a report_seq above all sent before.
+func TestReportSeqAboveEverySentWithAStoppedClock(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	at := time.Now()
+	clock := func() time.Time { return at }
+	var faulty *state.Faulty
+	r := w.start(t, options{now: clock, wrap: func(s state.Store) state.Store {
+		faulty = state.NewFaulty(s)
+		return faulty
+	}})
+	m := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "a")))
+	r.waitApplied(t, m)
+	eventually(t, "applied reported", func() (bool, string) {
+		rep := w.composer.lastReport()
+		return rep.GetApplied().GetDigest() == names.Digest(m.GetPayload()), rep.String()
+	})
+	r.stop()
+	seqs := func() []uint64 {
+		w.composer.mu.Lock()
+		defer w.composer.mu.Unlock()
+		var out []uint64
+		for _, h := range w.composer.hellos {
+			out = append(out, h.GetReportSeq())
+		}
+		for _, rep := range w.composer.reports {
+			out = append(out, rep.GetReportSeq())
+		}
+		return out
+	}
+	before := seqs()
+	if len(before) < 2 {
+		t.Fatalf("report_seqs sent %v, want a hello and reports", before)
+	}
+	if n := faulty.Attempts(state.SectionReport); n < len(before) {
+		t.Errorf("report_seq kept %d times for %d report_seqs sent: each is kept before it is sent", n, len(before))
+	}
+
+	hellos := len(w.composer.hellos)
+	r = w.start(t, options{now: clock})
+	var hello uint64
+	eventually(t, "a hello after the restart", func() (bool, string) {
+		w.composer.mu.Lock()
+		defer w.composer.mu.Unlock()
+		if len(w.composer.hellos) == hellos {
+			return false, "no hello yet"
+		}
+		hello = w.composer.hellos[hellos].GetReportSeq()
+		return true, ""
+	})
+	for _, s := range before {
+		if hello <= s {
+			t.Errorf("report_seq %d after the restart, %d sent before it", hello, s)
+		}
+	}
+	r.stop()
 }
