@@ -188,8 +188,15 @@ func (v *View) watch(ctx context.Context) error {
 			sent[reg.GetModule()] = true
 		}
 		v.mu.Unlock()
-		if v.onChange != nil && (old == nil || old.GetFingerprint() != reg.GetFingerprint() || old.GetSeq() != reg.GetSeq()) {
-			v.onChange(reg)
+		if old == nil || old.GetFingerprint() != reg.GetFingerprint() || old.GetSeq() != reg.GetSeq() {
+			// Registrations change rarely; each one heard is said, so a
+			// node not composed at a new fingerprint shows whether this
+			// replica ever heard of it.
+			v.log.Info("catalog registration heard", "module", reg.GetModule(), "fingerprint", reg.GetFingerprint(),
+				"seq", reg.GetSeq(), "previous", old.GetFingerprint(), "revision", msg.GetRevision())
+			if v.onChange != nil {
+				v.onChange(reg)
+			}
 		}
 	}
 }
