@@ -621,9 +621,14 @@ func (w *Watcher) undelivered(ctx context.Context) (bool, uint64, error) {
 // resumeAfterStall).
 func (w *Watcher) resumeNow() {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.resume = true
+	it := w.it
 	w.interrupt()
+	w.mu.Unlock()
+	// Also stopped from here: a read can be held inside nats.go's ordered
+	// consumer recreating itself, which only a Stop ends, not the context
+	// (a consumer that cannot be recreated would hold the watch for good).
+	it.Stop()
 }
 
 // resumeAfterStall replaces a stalled watch's consumer by one that delivers
@@ -781,8 +786,10 @@ func (w *Watcher) startOver() {
 	} else {
 		w.restart = true
 	}
+	it := w.it
 	w.interrupt()
 	w.mu.Unlock()
+	it.Stop() // see resumeNow
 }
 
 // deleteConsumer removes a stopped watcher's consumer now rather than after
