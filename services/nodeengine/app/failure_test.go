@@ -160,10 +160,7 @@ func TestStateFailurePolicy(t *testing.T) {
 		}})
 		m := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "a")))
 		r.waitApplied(t, m)
-		eventually(t, "applied reported", func() (bool, string) {
-			rep := w.composer.lastReport()
-			return rep.GetApplied().GetDigest() == names.Digest(m.GetPayload()), rep.String()
-		})
+		w.waitReportedApplied(t, m)
 		w.composer.mu.Lock()
 		defer w.composer.mu.Unlock()
 		last := w.composer.hellos[0].GetReportSeq()

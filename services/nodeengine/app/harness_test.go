@@ -707,3 +707,13 @@ func denyAll(sd grpc.ServiceDesc) authz.Policy {
 	}
 	return p
 }
+
+// waitReportedApplied waits until the engine's last report says manifest m
+// is applied.
+func (w *world) waitReportedApplied(t testing.TB, m *typev1.Envelope) {
+	t.Helper()
+	eventually(t, "applied reported", func() (bool, string) {
+		rep := w.composer.lastReport()
+		return rep.GetApplied().GetDigest() == names.Digest(m.GetPayload()), rep.String()
+	})
+}

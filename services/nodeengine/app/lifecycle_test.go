@@ -340,10 +340,7 @@ func TestReportSeqAboveEverySentWithAStoppedClock(t *testing.T) {
 	}})
 	m := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "a")))
 	r.waitApplied(t, m)
-	eventually(t, "applied reported", func() (bool, string) {
-		rep := w.composer.lastReport()
-		return rep.GetApplied().GetDigest() == names.Digest(m.GetPayload()), rep.String()
-	})
+	w.waitReportedApplied(t, m)
 	r.stop()
 	seqs := func() []uint64 {
 		w.composer.mu.Lock()
