@@ -352,6 +352,12 @@ func (w *Watcher) open(ctx context.Context, cfg jetstream.OrderedConsumerConfig)
 	return initPending, nil
 }
 
+// watchStreamInfo asks for the stream's info for a watch's regression
+// check; tests replace it to make the check fail.
+var watchStreamInfo = func(ctx context.Context, s jetstream.Stream) (*jetstream.StreamInfo, error) {
+	return s.Info(ctx)
+}
+
 // watchNext reads a watch's next message; tests replace it to make a
 // consumer fall silent.
 var watchNext = func(it jetstream.MessagesContext, ctx context.Context) (jetstream.Msg, error) {
@@ -566,11 +572,13 @@ func (w *Watcher) check(ctx context.Context) {
 		}
 		regressed, err := w.regressed(ctx)
 		if err != nil {
-			// The server may not serve JetStream yet after a restart.
+			// The server may not serve JetStream yet after a restart: ask
+			// again soon, and still look for a stall below (a check whose
+			// stream info keeps failing must not keep a silent consumer).
 			due = time.Now().Add(regressionRetry)
-			continue
+		} else {
+			due = time.Now().Add(regressionCheckEvery)
 		}
-		due = time.Now().Add(regressionCheckEvery)
 		if regressed {
 			suspect = time.Time{}
 			w.startOver()
@@ -686,7 +694,7 @@ func (w *Watcher) regressed(ctx context.Context) (bool, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	info, err := w.k.stream.Info(ctx)
+	info, err := watchStreamInfo(ctx, w.k.stream)
 	if err != nil {
 		return false, err
 	}

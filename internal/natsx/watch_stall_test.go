@@ -103,6 +103,34 @@ func TestWatchResumesAfterItsConsumerFellSilent(t *testing.T) {
 	}
 }
 
+// TestWatchResumesWhileItsRegressionCheckFails: the stall check does not
+// wait for the regression check to answer. A watch whose stream info keeps
+// failing (a server that answers direct gets but not stream info, say)
+// and whose consumer fell silent still resumes and delivers what it missed.
+func TestWatchResumesWhileItsRegressionCheckFails(t *testing.T) {
+	s := quickStallChecks(t)
+	info := watchStreamInfo
+	watchStreamInfo = func(context.Context, jetstream.Stream) (*jetstream.StreamInfo, error) {
+		return nil, fmt.Errorf("stream info refused by the test")
+	}
+	t.Cleanup(func() { watchStreamInfo = info })
+	_, js := serverAndJS(t)
+	kv := ensureKV(t, js, testSpec(1))
+	put := jetstream.KeyValuePut
+	putValue(t, kv, "a", "1")
+	w := watching(t, kv, ">")
+	expect(t, w, event{key: "a", value: "1", op: put}, doneMarker)
+	// The read already waiting delivers the next message; the silence
+	// drops the one after it.
+	s.silenceCurrent()
+	putValue(t, kv, "b", "1")
+	putValue(t, kv, "a", "2")
+	expect(t, w, event{key: "b", value: "1", op: put}, event{key: "a", value: "2", op: put})
+	if n := w.Resumes(); n != 1 {
+		t.Errorf("the watch resumed %d times, want 1", n)
+	}
+}
+
 // TestWatchOfUpdatesResumesAfterWhereItStarted: an updates-only watch that
 // fell silent before it delivered anything resumes after where its
 // consumer started: the writes made since come, the values before do not.
