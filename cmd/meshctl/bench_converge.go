@@ -35,5 +35,6 @@ with sync_interval always (the embedded default) unless --lazy.`,
 	f.DurationVar(&o.Timeout, "timeout", benchconverge.DefaultTimeout, "bound of each phase")
 	f.BoolVar(&o.Breakdown, "breakdown", false, "print where the change's time went, span by span")
 	f.StringVar(&o.CPUProfile, "cpuprofile", "", "write the change's CPU profile here")
+	f.StringVar(&o.MemProfile, "memprofile", "", "write the allocation profiles at the change's start (FILE.base) and end (FILE) here")
 	return cmd
 }

@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -72,6 +73,11 @@ type Options struct {
 	// CPUProfile, when set, is a file the CPU profile of the change (from
 	// the registration to the last engine's apply) is written to.
 	CPUProfile string
+	// MemProfile, when set, is a file the allocation profile is written
+	// to at the end of the change, and MemProfile+".base" one written at
+	// its start: `go tool pprof -sample_index=alloc_space -diff_base
+	// FILE.base FILE` shows what the change allocated.
+	MemProfile string
 }
 
 // Result is what a run measured.
@@ -222,6 +228,11 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 			f.Close()
 		}()
 	}
+	if o.MemProfile != "" {
+		if err := writeAllocs(o.MemProfile + ".base"); err != nil {
+			return nil, err
+		}
+	}
 	cpu0 := cpuTime()
 	reg := time.Now()
 	spans.from(reg)
@@ -238,6 +249,12 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	res.CPU, res.Window = cpuTime()-cpu0, time.Since(reg)
 	if o.CPUProfile != "" {
 		pprof.StopCPUProfile()
+	}
+	if o.MemProfile != "" {
+		if err := writeAllocs(o.MemProfile); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(w, "allocations of the change: go tool pprof -sample_index=alloc_space -diff_base %s.base %s\n", o.MemProfile, o.MemProfile)
 	}
 	// Every engine applied: every assignment is written, and seen soon.
 	if at, err := assigned.wait(min(o.Timeout, 30*time.Second)); err == nil {
@@ -260,6 +277,22 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		return res, fmt.Errorf("the mesh's services failed: %w", err)
 	}
 	return res, nil
+}
+
+// writeAllocs writes the heap profile (allocations since the start,
+// cumulative) to path, after a collection so that it is complete up to
+// now (a profile is as of the last completed one).
+func writeAllocs(path string) error {
+	runtime.GC()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return f.Close()
 }
 
 // spanTotals sums the spans that start from a moment on, by name.
