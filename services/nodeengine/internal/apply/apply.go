@@ -528,6 +528,10 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 	switch {
 	case old != nil:
 		rec.Created, rec.Adopted = old.Created, old.Adopted
+		// A data path stays one: a relabel to a composition that lists no
+		// data path (a module's resource moving to the node's own) or a
+		// version that dropped it must not make the file removable.
+		rec.Data = rec.Data || old.Data
 		if old.Filled && !rec.Filled && !old.Created && old.Adopted == nil {
 			// The provisioner's file becomes the engine's to write.
 			rec.Created = true

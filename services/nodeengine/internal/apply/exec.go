@@ -508,7 +508,9 @@ func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dir
 		case state.TypeSymlink:
 			err = a.symlink(root, rel, prior.Target, prior.UID, prior.GID, dirChanged)
 		case state.TypeDir:
-			err = a.meta(root, rel, state.TypeDir, prior.Mode, prior.UID, prior.GID)
+			// The directory comes back whatever the resource made of its
+			// path (a file or symlink declared over it is removed first).
+			err = a.mkdir(root, rel, prior.Mode, prior.UID, prior.GID, dirChanged)
 		}
 		if err != nil {
 			return op.Prev, err
@@ -518,8 +520,11 @@ func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dir
 	return op.Prev, fmt.Errorf("unknown op %q", op.Kind)
 }
 
-// fdMeta sets mode and owner on an open descriptor, never on a path, so a
-// symlink swapped in meanwhile cannot redirect it.
+// fdMeta sets owner and mode on an open descriptor, never on a path, so a
+// symlink swapped in meanwhile cannot redirect it. The owner goes first:
+// Linux clears the setuid and setgid bits of a file at every chown (root's
+// too), so a mode set before it would lose them, and every later pass would
+// find the same drift.
 func (a *Applier) fdMeta(f *os.File, mode uint32, setMode bool, uid, gid int) error {
 	rc, err := f.SyscallConn()
 	if err != nil {
@@ -527,13 +532,13 @@ func (a *Applier) fdMeta(f *os.File, mode uint32, setMode bool, uid, gid int) er
 	}
 	var opErr error
 	err = rc.Control(func(fd uintptr) {
-		if setMode {
-			if opErr = syscall.Fchmod(int(fd), mode); opErr != nil {
+		if (uid >= 0 || gid >= 0) && a.canOwn(uid, gid) {
+			if opErr = syscall.Fchown(int(fd), uid, gid); opErr != nil {
 				return
 			}
 		}
-		if (uid >= 0 || gid >= 0) && a.canOwn(uid, gid) {
-			opErr = syscall.Fchown(int(fd), uid, gid)
+		if setMode {
+			opErr = syscall.Fchmod(int(fd), mode)
 		}
 	})
 	if err != nil {
