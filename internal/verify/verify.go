@@ -314,24 +314,53 @@ func (k *Keyring) CheckManifest(m *typev1.Manifest, node string, now time.Time) 
 // the digest of its bytes equals the want's, the signature (at the given
 // time), and node, module and fingerprint match the want.
 func (k *Keyring) Composition(env *typev1.Envelope, node string, want *typev1.Want, at time.Time) (*typev1.Composition, error) {
+	c, _, err := k.VerifyComposition(env, node, want, at)
+	return c, err
+}
+
+// VerifyComposition is Composition that also returns the id of the key
+// whose signature verified, for RecheckComposition.
+func (k *Keyring) VerifyComposition(env *typev1.Envelope, node string, want *typev1.Want, at time.Time) (*typev1.Composition, string, error) {
 	if got := envelope.Digest(env); got != want.GetCompositionDigest() {
-		return nil, fmt.Errorf("%w: composition %s has digest %s, the manifest says %s", ErrDigest, want.GetCompositionKey(), got, want.GetCompositionDigest())
+		return nil, "", fmt.Errorf("%w: composition %s has digest %s, the manifest says %s", ErrDigest, want.GetCompositionKey(), got, want.GetCompositionDigest())
 	}
-	if _, err := k.Verify(env, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, at); err != nil {
-		return nil, err
+	keyID, err := k.Verify(env, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, at)
+	if err != nil {
+		return nil, "", err
 	}
 	c := &typev1.Composition{}
 	if err := envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, c); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrPayload, err)
+		return nil, "", fmt.Errorf("%w: %v", ErrPayload, err)
 	}
+	if err := CheckWant(c, node, want); err != nil {
+		return nil, "", err
+	}
+	return c, keyID, nil
+}
+
+// RecheckComposition judges again, for a want and at a time, a composition
+// this keyring verified (with the key of id keyID) and opened, whose
+// envelope has the digest the want names: the key still usable (not
+// revoked, not past its not_after) and CheckWant. Its signature is not
+// verified again: the bytes and the key are those it verified.
+func (k *Keyring) RecheckComposition(keyID string, c *typev1.Composition, node string, want *typev1.Want, at time.Time) error {
+	if err := k.Usable(keyID, at); err != nil {
+		return err
+	}
+	return CheckWant(c, node, want)
+}
+
+// CheckWant checks that a composition is of the node and of the want's
+// module and fingerprint.
+func CheckWant(c *typev1.Composition, node string, want *typev1.Want) error {
 	if c.GetNode() != node {
-		return nil, fmt.Errorf("%w: composition %s is of node %q", ErrNode, want.GetCompositionKey(), c.GetNode())
+		return fmt.Errorf("%w: composition %s is of node %q", ErrNode, want.GetCompositionKey(), c.GetNode())
 	}
 	if c.GetModule() != want.GetModule() || c.GetFingerprint() != want.GetFingerprint() {
-		return nil, fmt.Errorf("%w: composition %s is of module %q at %q, the want says %q at %q", ErrWant,
+		return fmt.Errorf("%w: composition %s is of module %q at %q, the want says %q at %q", ErrWant,
 			want.GetCompositionKey(), c.GetModule(), c.GetFingerprint(), want.GetModule(), want.GetFingerprint())
 	}
-	return c, nil
+	return nil
 }
 
 // SameKeyset reports whether two keyset envelopes hold the same bytes.

@@ -103,10 +103,13 @@ type refusal struct {
 	at     time.Time
 }
 
-// verified is a composition that passed verification, by digest.
+// verified is a composition that passed verification, by digest: under
+// ring, signed by the key of id keyID.
 type verified struct {
-	env  *typev1.Envelope
-	comp *typev1.Composition
+	env   *typev1.Envelope
+	comp  *typev1.Composition
+	ring  *verify.Keyring
+	keyID string
 }
 
 // Engine is one node's engine.
@@ -137,6 +140,9 @@ type Engine struct {
 	keptWants   map[string]state.KeptWant
 	keptEntries map[string]bool
 	pending     *state.Journal // ops ran, commit failed: replayed by the next pass
+	// heldJournal is the journal of an apply a stop left half done, kept
+	// while a section blocks the engine: replayed once nothing does.
+	heldJournal *state.Journal
 	// Writes of entries and wants that failed, retried each pass; said
 	// once per key.
 	dirtyEntries map[string]entries.Row
@@ -289,10 +295,16 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		e.cache.Preload(k.Entry, m, now)
 		e.keptEntries[fp] = true
 	}
-	if kept.Journal != nil && e.blocked == "" {
+	switch {
+	case kept.Journal != nil && e.blocked == "":
 		e.log.Warn("finishing an apply a stop left half done", slog.Uint64("revision", kept.Journal.Revision), slog.Int("ops", len(kept.Journal.Ops)))
 		e.replay(ctx, kept.Journal)
-	} else if kept.Journal == nil {
+	case kept.Journal != nil:
+		// Finished by the first pass after the block lifts (a keyset
+		// repairing an unreadable keyset section), before anything else.
+		e.log.Warn("an apply a stop left half done waits until nothing blocks", slog.Uint64("revision", kept.Journal.Revision), slog.String("blocked", e.blocked))
+		e.heldJournal = kept.Journal
+	default:
 		cfg.Applier.ClearStage()
 	}
 	// Until the first pass has judged anything, the haves say what the
@@ -345,7 +357,14 @@ func (e *Engine) loadKept(k *state.Kept) {
 	for m, env := range e.applied.Compositions {
 		c := &typev1.Composition{}
 		if err := envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, c); err != nil {
-			e.blocked = fmt.Sprintf("applied composition of %s unreadable: %v", m, err)
+			// Counted as the applied section's (a keyset that lifts
+			// another block does not lift this one).
+			if e.appliedErr == nil {
+				e.appliedErr = fmt.Errorf("applied composition of %s unreadable: %w", m, err)
+			}
+			if e.blocked == "" {
+				e.blocked = fmt.Sprintf("applied composition of %s unreadable: %v", m, err)
+			}
 			continue
 		}
 		e.appliedComps[m] = c

@@ -76,6 +76,7 @@ func (e *Engine) Pass(ctx context.Context) {
 	e.retryPending(ctx)
 	e.retryWrites()
 	e.takeKeysets()
+	e.finishHeldJournal(ctx)
 	e.takeOffers(now)
 
 	e.mu.Lock()
@@ -145,6 +146,22 @@ func (e *Engine) retryPending(ctx context.Context) {
 	if j != nil {
 		e.replay(ctx, j)
 	}
+}
+
+// finishHeldJournal replays the journal the start kept while a section
+// blocked the engine, once nothing blocks it: the half-done apply is
+// finished before anything else is judged.
+func (e *Engine) finishHeldJournal(ctx context.Context) {
+	e.mu.Lock()
+	j := e.heldJournal
+	if j == nil || e.blocked != "" {
+		e.mu.Unlock()
+		return
+	}
+	e.heldJournal = nil
+	e.mu.Unlock()
+	e.log.Warn("finishing an apply a stop left half done", slog.Uint64("revision", j.Revision), slog.Int("ops", len(j.Ops)))
+	e.replay(ctx, j)
 }
 
 // replay finishes a journal and takes its result as the kept state.
@@ -247,6 +264,18 @@ func (e *Engine) takeKeysets() {
 		if e.keyring != nil && ring.Version() <= e.keyring.Version() {
 			continue // only a higher version is taken
 		}
+		if e.keyring == nil && e.keysetErr != nil {
+			// The kept keyset is unreadable, so the version it held is not
+			// known: a keyset older than the one the applied manifest was
+			// signed under is a rollback (it may list keys a later one
+			// revoked) and repairs nothing.
+			if floor := e.appliedKeysetVersionLocked(); ring.Version() < floor {
+				e.keysetRefused = fmt.Sprintf("keyset refused: version %d is older than version %d, which the applied manifest was signed under (the kept keyset is unreadable; only a keyset at least that new repairs it)",
+					ring.Version(), floor)
+				e.refuseLocked(composerv1.ReasonCode_REASON_CODE_KEYSET_INVALID, e.keysetRefused)
+				continue
+			}
+		}
 		if err := e.cfg.Store.PutKeyset(env); err != nil {
 			// Not used before it is kept; the composer sends it again.
 			e.log.Error("keyset not persisted, not used", slog.Uint64("version", ring.Version()), slog.Any("error", err))
@@ -260,6 +289,16 @@ func (e *Engine) takeKeysets() {
 			e.unblockLocked()
 		}
 	}
+}
+
+// appliedKeysetVersionLocked is the keyset version the applied manifest
+// was signed under (0 when none is applied or it does not decode).
+func (e *Engine) appliedKeysetVersionLocked() uint64 {
+	m := &typev1.Manifest{}
+	if e.applied.Manifest == nil || envelope.Open(e.applied.Manifest, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m) != nil {
+		return 0
+	}
+	return m.GetKeysetVersion()
 }
 
 // unblockLocked clears the blocked reason once no section blocks.
@@ -458,16 +497,40 @@ func (e *Engine) judgeStale(lv *live, ring *verify.Keyring, now time.Time) (stri
 // applied state, or fetched from the composer and verified (digest,
 // signature, node, module, fingerprint, then lint).
 func (e *Engine) composition(ctx context.Context, w *typev1.Want, ring *verify.Keyring, now time.Time) (*verified, *apply.Failure) {
-	e.mu.Lock()
-	if v, ok := e.compCache[w.GetCompositionDigest()]; ok {
-		e.mu.Unlock()
-		return v, nil
+	refused := func(err error) *apply.Failure {
+		return &apply.Failure{Code: ReasonOf(err), Reason: fmt.Sprintf("composition %s refused: %v", w.GetCompositionKey(), err)}
 	}
-	env := e.applied.Compositions[w.GetModule()]
-	c := e.appliedComps[w.GetModule()]
+	e.mu.Lock()
+	held, cached := e.compCache[w.GetCompositionDigest()]
+	if !cached {
+		if env := e.applied.Compositions[w.GetModule()]; env != nil && envelope.Digest(env) == w.GetCompositionDigest() {
+			held = &verified{env: env}
+		}
+	}
 	e.mu.Unlock()
-	if env != nil && envelope.Digest(env) == w.GetCompositionDigest() {
-		return &verified{env: env, comp: c}, nil
+	if held != nil {
+		// Held by digest, which alone ties it neither to this want's
+		// module and fingerprint nor to the keyset now: judged again for
+		// both (the signature only once per keyring).
+		v, err := e.recheck(held, w, ring, now)
+		if err == nil {
+			if v != held {
+				e.mu.Lock()
+				e.compCache[w.GetCompositionDigest()] = v
+				e.mu.Unlock()
+			}
+			return v, nil
+		}
+		if errors.Is(err, verify.ErrWant) || errors.Is(err, verify.ErrNode) {
+			// Its bytes are what the want names: fetching gives the same.
+			return nil, refused(err)
+		}
+		// Its signature no longer verifies (a key revoked, retired past
+		// its not_after or rotated out): the composer holds it signed
+		// again under the same digest.
+		e.mu.Lock()
+		delete(e.compCache, w.GetCompositionDigest())
+		e.mu.Unlock()
 	}
 	if e.cfg.Composer == nil {
 		return nil, &apply.Failure{Code: composerv1.ReasonCode_REASON_CODE_FETCH_FAILED, Reason: "no composer connection"}
@@ -478,10 +541,10 @@ func (e *Engine) composition(ctx context.Context, w *typev1.Want, ring *verify.K
 	if err != nil {
 		return nil, &apply.Failure{Code: composerv1.ReasonCode_REASON_CODE_FETCH_FAILED, Reason: fmt.Sprintf("fetch composition %s: %v", w.GetCompositionKey(), err)}
 	}
-	env = resp.GetComposition()
-	c, err = ring.Composition(env, e.cfg.Node, w, now)
+	env := resp.GetComposition()
+	c, keyID, err := ring.VerifyComposition(env, e.cfg.Node, w, now)
 	if err != nil {
-		return nil, &apply.Failure{Code: ReasonOf(err), Reason: fmt.Sprintf("composition %s refused: %v", w.GetCompositionKey(), err)}
+		return nil, refused(err)
 	}
 	for _, r := range c.GetResources() {
 		if f := e.cfg.Applier.CheckPath(r.GetPath()); f != nil {
@@ -491,11 +554,30 @@ func (e *Engine) composition(ctx context.Context, w *typev1.Want, ring *verify.K
 	if err := lint.CheckComposition(c); err != nil {
 		return nil, &apply.Failure{Code: composerv1.ReasonCode_REASON_CODE_WANT_MISMATCH, Reason: fmt.Sprintf("composition %s does not lint: %v", w.GetCompositionKey(), err)}
 	}
-	v := &verified{env: env, comp: c}
+	v := &verified{env: env, comp: c, ring: ring, keyID: keyID}
 	e.mu.Lock()
 	e.compCache[w.GetCompositionDigest()] = v
 	e.mu.Unlock()
 	return v, nil
+}
+
+// recheck judges a composition held by digest (cached, or applied) for a
+// want and keyring: the key that signed it still usable and node, module
+// and fingerprint the want's, its signature verified again only under
+// another keyring than the one it was verified with. It returns the
+// composition as verified now.
+func (e *Engine) recheck(held *verified, w *typev1.Want, ring *verify.Keyring, now time.Time) (*verified, error) {
+	if held.ring == ring && held.comp != nil {
+		if err := ring.RecheckComposition(held.keyID, held.comp, e.cfg.Node, w, now); err != nil {
+			return nil, err
+		}
+		return held, nil
+	}
+	c, keyID, err := ring.VerifyComposition(held.env, e.cfg.Node, w, now)
+	if err != nil {
+		return nil, err
+	}
+	return &verified{env: held.env, comp: c, ring: ring, keyID: keyID}, nil
 }
 
 // outcome is what a pass found of one module.
@@ -599,10 +681,15 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 	}
 
 	var prep *apply.Prepared
-	for range len(inEffect) + 2 {
+	// failedLeft are the modules that left whose applied composition
+	// failed to prepare in this pass: not put back again (each turn would
+	// refuse it once more and the loop would end with nothing applied).
+	failedLeft := map[string]bool{}
+	// Each turn takes out at least one failing module.
+	for range len(inEffect) + len(appliedComps) + 2 {
 		if !removals {
 			for m, c := range appliedComps {
-				if _, ok := inEffect[m]; !ok && wantOf[m] == nil {
+				if _, ok := inEffect[m]; !ok && wantOf[m] == nil && !failedLeft[m] {
 					// A module that left keeps its paths while the
 					// manifest is not applied whole (a move half done
 					// must not remove and recreate).
@@ -630,11 +717,22 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 				inEffect[m] = old
 			} else {
 				delete(inEffect, m)
+				if wantOf[m] == nil {
+					failedLeft[m] = true
+				}
 			}
 		}
 		prep = nil
 	}
 	if prep == nil {
+		// Not reached while each turn takes a failing module out; should
+		// it be, no want is left without its reason.
+		for _, w := range wants {
+			if _, ok := out[w.GetModule()]; !ok {
+				out[w.GetModule()] = &outcome{state: stateFailed, code: composerv1.ReasonCode_REASON_CODE_WRITE_FAILED,
+					reason: "nothing written: the pass found no apply without failures to prepare", want: w}
+			}
+		}
 		return out, nil, nil
 	}
 
