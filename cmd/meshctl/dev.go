@@ -94,7 +94,7 @@ and keeps running until interrupted. Each engine applies into
 
 			wctx, cancel := context.WithTimeout(ctx, timeout)
 			fetch := func(ctx context.Context) ([]*composerv1.NodeStatus, error) { return m.Status(ctx) }
-			werr := WaitConverged(wctx, out, fetch, nodes, true)
+			werr := WaitConverged(wctx, out, fetch, nil, nodes, true)
 			cancel()
 			if errors.Is(werr, context.Canceled) && ctx.Err() != nil {
 				return nil

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -48,14 +50,18 @@ code and words, held moves with their reasons, and the last compose error.
 					return err
 				}
 				if wantJSON() {
-					return printJSON(cmd, &composerv1.ListStatusResponse{Statuses: sts})
+					err = printJSON(cmd, &composerv1.ListStatusResponse{Statuses: sts})
+				} else {
+					RenderStatus(cmd.OutOrStdout(), sts, why, time.Now())
 				}
-				RenderStatus(cmd.OutOrStdout(), sts, why, time.Now())
-				return nil
+				if missing := missingNodes(sts, args); len(missing) > 0 {
+					return errors.Join(err, fmt.Errorf("no status of %s: no such node, or not composed yet (meshctl node list shows the nodes)", quoteList(missing)))
+				}
+				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			return WaitConverged(ctx, cmd.OutOrStdout(), fetch, len(args), why)
+			return WaitConverged(ctx, cmd.OutOrStdout(), fetch, args, len(args), why)
 		}),
 	}
 	cmd.Flags().BoolVar(&why, "why", false, "explain every node that is not converged")
@@ -64,12 +70,13 @@ code and words, held moves with their reasons, and the last compose error.
 	return cmd
 }
 
-// WaitConverged polls statuses until every node is converged (and at
-// least want nodes are known). It prints a progress line whenever the count
-// changes and, when the table changed, the whole status table again (at
-// most every liveEvery), so the operator watches each node move; the final
-// table is printed once converged, and with every reason on timeout.
-func WaitConverged(ctx context.Context, w io.Writer, fetch func(context.Context) ([]*composerv1.NodeStatus, error), want int, why bool) error {
+// WaitConverged polls statuses until every node is converged (at least
+// want nodes are known, and each node of named has a status). It prints a
+// progress line whenever the count changes and, when the table changed,
+// the whole status table again (at most every liveEvery), so the operator
+// watches each node move; the final table is printed once converged, and
+// with every reason on timeout, whose error names the nodes not converged.
+func WaitConverged(ctx context.Context, w io.Writer, fetch func(context.Context) ([]*composerv1.NodeStatus, error), named []string, want int, why bool) error {
 	const liveEvery = 2 * time.Second
 	lastLine, lastTable := "", ""
 	var printed time.Time
@@ -83,8 +90,12 @@ func WaitConverged(ctx context.Context, w io.Writer, fetch func(context.Context)
 					conv++
 				}
 			}
-			done := len(sts) > 0 && conv == len(sts) && len(sts) >= want
+			missing := missingNodes(sts, named)
+			done := len(sts) > 0 && conv == len(sts) && len(sts) >= want && len(missing) == 0
 			line := fmt.Sprintf("%d/%d nodes converged", conv, len(sts))
+			if len(missing) > 0 {
+				line += "; no status yet of " + quoteList(missing)
+			}
 			var table strings.Builder
 			RenderStatus(&table, sts, false, time.Now())
 			if why {
@@ -101,9 +112,8 @@ func WaitConverged(ctx context.Context, w io.Writer, fetch func(context.Context)
 				fmt.Fprintf(w, "[%5.1fs] %s\n", time.Since(start).Seconds(), line)
 				if len(sts) > 0 && table.String() != lastTable {
 					fmt.Fprint(w, table.String())
-					lastTable = table.String()
 				}
-				lastLine, printed = line, time.Now()
+				lastLine, lastTable, printed = line, table.String(), time.Now()
 			}
 			if done {
 				fmt.Fprintf(w, "[%5.1fs] %s\n", time.Since(start).Seconds(), line)
@@ -113,13 +123,47 @@ func WaitConverged(ctx context.Context, w io.Writer, fetch func(context.Context)
 		}
 		select {
 		case <-ctx.Done():
-			if sts, err := fetch(context.Background()); err == nil {
-				RenderStatus(w, sts, true, time.Now())
+			sts, err := fetch(context.Background())
+			if err != nil {
+				return fmt.Errorf("not converged: %w (and the status could not be read: %v)", ctx.Err(), err)
 			}
-			return fmt.Errorf("not converged: %w", ctx.Err())
+			RenderStatus(w, sts, true, time.Now())
+			var not []string
+			for _, st := range sts {
+				if !st.GetConverged() {
+					not = append(not, st.GetNode())
+				}
+			}
+			for _, n := range missingNodes(sts, named) {
+				not = append(not, n+" (no status)")
+			}
+			if len(not) == 0 {
+				return fmt.Errorf("not converged: %w", ctx.Err())
+			}
+			return fmt.Errorf("not converged: %s: %w", strings.Join(not, ", "), ctx.Err())
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// missingNodes returns the nodes of named no status is of, in order.
+func missingNodes(sts []*composerv1.NodeStatus, named []string) []string {
+	var missing []string
+	for _, n := range named {
+		if !slices.ContainsFunc(sts, func(st *composerv1.NodeStatus) bool { return st.GetNode() == n }) && !slices.Contains(missing, n) {
+			missing = append(missing, n)
+		}
+	}
+	return missing
+}
+
+// quoteList is names quoted and joined by commas.
+func quoteList(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n)
+	}
+	return strings.Join(q, ", ")
 }
 
 func shortFP(fp string) string {

@@ -36,7 +36,7 @@ func TestWaitConvergedIsLive(t *testing.T) {
 		return st, nil
 	}
 	var out strings.Builder
-	if err := WaitConverged(context.Background(), &out, fetch, 2, false); err != nil {
+	if err := WaitConverged(context.Background(), &out, fetch, nil, 2, false); err != nil {
 		t.Fatal(err)
 	}
 	got := out.String()
@@ -84,7 +84,7 @@ func TestWaitConvergedSaysWhy(t *testing.T) {
 		return done, nil
 	}
 	var out strings.Builder
-	if err := WaitConverged(context.Background(), &out, fetch, 3, true); err != nil {
+	if err := WaitConverged(context.Background(), &out, fetch, nil, 3, true); err != nil {
 		t.Fatal(err)
 	}
 	got := out.String()
@@ -100,5 +100,32 @@ func TestWaitConvergedSaysWhy(t *testing.T) {
 	last := got[strings.LastIndex(got, "NODE "):]
 	if strings.Contains(last, "  ace:") {
 		t.Errorf("the converged table still gives reasons:\n%s", last)
+	}
+}
+
+// TestWaitConvergedNamesTheMissing: a node named that has no status keeps
+// the wait going, is said in the progress line, and the timeout's error
+// names it and every node not converged.
+func TestWaitConvergedNamesTheMissing(t *testing.T) {
+	t.Parallel()
+	seen := timestamppb.New(time.Now())
+	fetch := func(context.Context) ([]*composerv1.NodeStatus, error) {
+		return []*composerv1.NodeStatus{
+			{Node: "ace", Converged: true, ManifestRevision: 7, AppliedRevision: 7, LastSeen: seen},
+			{Node: "bay", ManifestRevision: 7, AppliedRevision: 6, LastSeen: seen},
+		}, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
+	defer cancel()
+	var out strings.Builder
+	err := WaitConverged(ctx, &out, fetch, []string{"ace", "bay", "nosuch"}, 3, false)
+	if err == nil || !strings.Contains(err.Error(), "not converged: bay, nosuch (no status)") {
+		t.Errorf("error %v does not name bay and nosuch", err)
+	}
+	if got := out.String(); !strings.Contains(got, `1/2 nodes converged; no status yet of "nosuch"`) {
+		t.Errorf("the progress line does not name nosuch:\n%s", got)
+	}
+	if n := strings.Count(out.String(), "nodes converged"); n != 1 {
+		t.Errorf("the unchanged progress line was printed %d times, want once:\n%s", n, out.String())
 	}
 }

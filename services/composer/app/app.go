@@ -297,7 +297,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 	})
 
 	apiServer := api.New(api.Config{Store: c.Store, Passer: c.Passer, Declarer: c.Passer, Lease: c.Lease, Logger: log, Recompose: recompose,
-		Keyring: c.Trust.Keyring})
+		Keyring: c.Trust.Keyring, LastSeen: c.Hub.LastSeen})
 	syncServer := syncsvc.New(syncsvc.Config{Hub: c.Hub, Store: c.Store, Keysets: c.Trust, Catalog: c.View, Logger: log, Tracer: tracer,
 		Labels: func(node string) map[string]string {
 			spec, _ := rec.Spec(node)

@@ -182,3 +182,28 @@ func TestPlanApply(t *testing.T) {
 		}
 	})
 }
+
+// TestUnknownNodeNamed: a node named that has no spec is NOT_FOUND naming
+// it, in Plan (not an answer that leaves it out) and in ListCompositions
+// of a node with nothing kept (not an empty list).
+func TestUnknownNodeNamed(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartManual(t, "one")
+	op := c.Operator(t)
+	ctx := context.Background()
+	motd := w.Release(t, ct.Motd("1.0"), nil)
+	waitFingerprint(t, c, "motd", motd)
+	c.PutNode(t, ct.Spec("ace", "motd"))
+	_, err := op.Plan(ctx, &composerv1.PlanRequest{Nodes: []string{"ace", "nosuch", "zed"}})
+	if status.Code(err) != codes.NotFound || !strings.Contains(status.Convert(err).Message(), "no node spec of nosuch, zed") {
+		t.Errorf("Plan of unknown nodes: %v", err)
+	}
+	if _, err := op.Plan(ctx, &composerv1.PlanRequest{Nodes: []string{"ace"}}); err != nil {
+		t.Errorf("Plan of ace: %v", err)
+	}
+	_, err = op.ListCompositions(ctx, &composerv1.ListCompositionsRequest{Node: "nosuch"})
+	if status.Code(err) != codes.NotFound || !strings.Contains(status.Convert(err).Message(), "no node spec of nosuch") {
+		t.Errorf("ListCompositions of an unknown node: %v", err)
+	}
+}

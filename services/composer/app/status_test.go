@@ -97,6 +97,13 @@ func TestStatus(t *testing.T) {
 	if got := rec.All(); len(got) != 0 {
 		t.Errorf("a pass with nothing new wrote %v", got)
 	}
+	// What a status read says, though, is the hub's last seen (now, while
+	// the engine streams), not the one persisted.
+	first := get("ace").GetLastSeen().AsTime()
+	time.Sleep(1100 * time.Millisecond)
+	if next := get("ace").GetLastSeen().AsTime(); next.Sub(first) < time.Second {
+		t.Errorf("last seen of a streaming engine read %s, then %s a second later", first, next)
+	}
 	// The hold is lifted: a new manifest the engine has not applied.
 	spec.Policies = nil
 	c.PutNode(t, spec)

@@ -63,6 +63,11 @@ type Config struct {
 	Keyring func() *verify.Keyring
 	// Now stamps approvals; tests pin it.
 	Now func() *timestamppb.Timestamp
+	// LastSeen, when set, tells when a node's engine was last heard (the
+	// Sync hub's, in memory): a status read answers with it when it is
+	// newer than the one the status holds, which is persisted at most
+	// every 5 minutes (DESIGN.md §6 step 4).
+	LastSeen func(node string) time.Time
 }
 
 // Server implements ComposerService.
@@ -269,10 +274,23 @@ func (s *Server) selected(ctx context.Context, nodes []string, sel *typev1.Label
 		return nil, err
 	}
 	var out []string
+	known := map[string]bool{}
 	for _, sp := range specs {
+		known[sp.GetNode()] = true
 		if (len(nodes) == 0 || slices.Contains(nodes, sp.GetNode())) && compose.Matches(sel, sp.GetLabels()) {
 			out = append(out, sp.GetNode())
 		}
+	}
+	// A node named that has no spec is a mistake to say, not a node to
+	// leave out of the answer.
+	var unknown []string
+	for _, n := range nodes {
+		if !known[n] && !slices.Contains(unknown, n) {
+			unknown = append(unknown, n)
+		}
+	}
+	if len(unknown) > 0 {
+		return nil, fmt.Errorf("%w: no node spec of %s", errNotFound, strings.Join(unknown, ", "))
 	}
 	sort.Strings(out)
 	return out, nil
@@ -463,7 +481,18 @@ func (s *Server) GetStatus(ctx context.Context, req *composerv1.GetStatusRequest
 	if err != nil {
 		return nil, s.toStatus(ctx, "GetStatus", err)
 	}
+	s.seenNow(st)
 	return &composerv1.GetStatusResponse{Status: st}, nil
+}
+
+// seenNow sets a status's last seen to the hub's, when newer.
+func (s *Server) seenNow(st *composerv1.NodeStatus) {
+	if s.cfg.LastSeen == nil {
+		return
+	}
+	if seen := s.cfg.LastSeen(st.GetNode()); !seen.IsZero() && (st.GetLastSeen() == nil || seen.After(st.GetLastSeen().AsTime())) {
+		st.LastSeen = timestamppb.New(seen)
+	}
 }
 
 // ListStatus returns every node's status, by node.
@@ -482,6 +511,7 @@ func (s *Server) ListStatus(ctx context.Context, _ *composerv1.ListStatusRequest
 		if err != nil {
 			return nil, s.toStatus(ctx, "ListStatus", err)
 		}
+		s.seenNow(st)
 		out.Statuses = append(out.Statuses, st)
 	}
 	return out, nil
@@ -495,6 +525,12 @@ func (s *Server) ListCompositions(ctx context.Context, req *composerv1.ListCompo
 	metas, err := s.cfg.Store.Compositions.ListMeta(ctx, req.GetNode()+".>")
 	if err != nil {
 		return nil, s.toStatus(ctx, "ListCompositions", err)
+	}
+	if len(metas) == 0 {
+		// Nothing kept: say whether the node exists at all.
+		if _, _, err := s.cfg.Store.Spec(ctx, req.GetNode()); errors.Is(err, store.ErrNotFound) {
+			return nil, s.toStatus(ctx, "ListCompositions", fmt.Errorf("%w: no node spec of %s, and no composition of it is kept", errNotFound, req.GetNode()))
+		}
 	}
 	asg, _, _ := s.cfg.Store.Assignment(ctx, req.GetNode())
 	wanted := map[string]bool{}
