@@ -69,8 +69,9 @@ type Config struct {
 	// EngineVersion is sent in Hello.
 	EngineVersion string
 	Now           func() time.Time
-	Logger        *slog.Logger
-	Tracer        trace.TracerProvider
+	// Logger receives the engine's logs; the caller names the node in it.
+	Logger *slog.Logger
+	Tracer trace.TracerProvider
 	// EntryDeadline bounds each GetEntry; EntryBackoffBase/Max its retries.
 	EntryDeadline, EntryBackoffBase, EntryBackoffMax time.Duration
 	// FetchDeadline bounds each object or artifact fetch, FetchStall the
@@ -243,7 +244,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		cfg.DriftInterval = DefaultDriftInterval
 	}
 	e := &Engine{
-		cfg: cfg, log: cfg.Logger.With(slog.String("node", cfg.Node)),
+		cfg: cfg, log: cfg.Logger,
 		tracer: cfg.Tracer.Tracer("mesh.dev/services/nodeengine"),
 		src:    &source{composer: cfg.Composer, catalog: cfg.Catalog, deadline: cfg.FetchDeadline, stall: cfg.FetchStall},
 		poke:   make(chan struct{}, 1), changed: make(chan struct{}), answered: make(chan struct{}, 1),

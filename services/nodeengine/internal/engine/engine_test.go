@@ -1,10 +1,13 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -56,6 +59,26 @@ type unitWorld struct {
 	after func(done, total int)
 	// ks is the keyset version the manifests are signed under.
 	ks uint64
+	// logs holds what the engines logged, as text.
+	logs syncBuffer
+}
+
+// syncBuffer is a bytes.Buffer safe for the engine's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func newUnitWorld(t *testing.T, modules ...string) *unitWorld {
@@ -93,7 +116,7 @@ func (w *unitWorld) start() {
 		t.Fatal(err)
 	}
 	w.db = db
-	log := slog.New(slog.DiscardHandler)
+	log := slog.New(slog.NewTextHandler(&w.logs, nil))
 	a, err := apply.New(apply.Config{Root: w.root, Prefixes: w.prefs, StateDir: stateDir, Logger: log, AfterOp: w.after})
 	if err != nil {
 		t.Fatal(err)
@@ -173,6 +196,11 @@ func TestHeldCompositionCheckedAgainstTheWant(t *testing.T) {
 	}
 	if h := w.have("b"); h.GetAttempt().GetReasonCode() != composerv1.ReasonCode_REASON_CODE_WANT_MISMATCH {
 		t.Fatalf("b's attempt is %v, want WANT_MISMATCH", h.GetAttempt())
+	}
+	// The log says it too, once: not again at the next pass.
+	w.e.Pass(context.Background())
+	if n := strings.Count(w.logs.String(), `msg="module not applied" module=b state=FAILED code=WANT_MISMATCH`); n != 1 {
+		t.Errorf("the refusal was logged %d times, want once:\n%s", n, w.logs.String())
 	}
 }
 

@@ -937,6 +937,23 @@ func (e *Engine) pruneCompCache(wants []*typev1.Want) {
 	}
 }
 
+// logAttempt logs a module's attempt that is new (another state, reason
+// code or digest than the last): the log says why a module is not applied
+// as the haves do, once per change, not at every pass.
+func (e *Engine) logAttempt(module string, a *composerv1.Attempt) {
+	attrs := []any{slog.String("module", module), slog.String("state", strings.TrimPrefix(a.GetState().String(), "ATTEMPT_STATE_")),
+		slog.String("code", strings.TrimPrefix(a.GetReasonCode().String(), "REASON_CODE_")), slog.String("reason", a.GetReason())}
+	if a.GetDigest() != "" {
+		attrs = append(attrs, slog.String("digest", a.GetDigest()))
+	}
+	switch a.GetState() {
+	case stateFailed, stateStale:
+		e.log.Warn("module not applied", attrs...)
+	case stateHeld:
+		e.log.Info("module held", attrs...)
+	}
+}
+
 // publishLocked turns the pass's outcomes into haves and, when they
 // changed, wakes the Sync client to report them.
 func (e *Engine) publishLocked(wants []*typev1.Want, outcomes map[string]*outcome, now time.Time) {
@@ -994,6 +1011,8 @@ func (e *Engine) publishLocked(wants []*typev1.Want, outcomes map[string]*outcom
 			a.Since = timestamppb.New(now)
 			if prev, ok := e.attempts[m]; ok && prev.GetState() == a.GetState() && prev.GetReasonCode() == a.GetReasonCode() && prev.GetDigest() == a.GetDigest() {
 				a.Since = prev.GetSince()
+			} else {
+				e.logAttempt(m, a)
 			}
 			attempts[m] = a
 			h.Attempt = a
