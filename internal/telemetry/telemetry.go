@@ -104,6 +104,7 @@ func setup(ctx context.Context, cfg Config, getenv func(string) string) (_ *Tele
 	}
 
 	t := &Telemetry{Logger: newLogger(cfg, serviceName)}
+	routeErrors(t.Logger)
 	if resErr != nil {
 		// A detector that failed (say, the host name) leaves its attributes
 		// out; that is no reason for a service not to start.
@@ -294,4 +295,50 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 		t.shutdownErr = errors.Join(errs...)
 	})
 	return t.shutdownErr
+}
+
+// errorsOnce routes the OpenTelemetry SDK's own errors (an exporter that
+// cannot reach its collector, say) once per process, to the logger of the
+// first Telemetry made: by default they go to stderr, several a minute.
+var errorsOnce sync.Once
+
+func routeErrors(log *slog.Logger) {
+	errorsOnce.Do(func() {
+		otel.SetErrorHandler(&errorLog{log: log, every: time.Minute, now: time.Now, last: map[string]time.Time{}, dropped: map[string]int{}})
+	})
+}
+
+// errorLog logs the SDK's errors at WARN, each distinct one at most once
+// per every, saying how many repeats it left out.
+type errorLog struct {
+	log     *slog.Logger
+	every   time.Duration
+	now     func() time.Time
+	mu      sync.Mutex
+	last    map[string]time.Time
+	dropped map[string]int
+}
+
+// Handle implements otel.ErrorHandler.
+func (h *errorLog) Handle(err error) {
+	if err == nil {
+		return
+	}
+	msg := err.Error()
+	now := h.now()
+	h.mu.Lock()
+	if at, ok := h.last[msg]; ok && now.Sub(at) < h.every {
+		h.dropped[msg]++
+		h.mu.Unlock()
+		return
+	}
+	if len(h.last) >= 64 {
+		// Errors whose words change each time: start the count again.
+		clear(h.last)
+		clear(h.dropped)
+	}
+	n := h.dropped[msg]
+	h.last[msg], h.dropped[msg] = now, 0
+	h.mu.Unlock()
+	h.log.Warn("opentelemetry", "error", msg, "repeats_not_logged", n)
 }

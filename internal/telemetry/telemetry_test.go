@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -463,4 +464,29 @@ func grep(s, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestSDKErrorsLoggedOncePerWhile: the SDK's own errors go to the log at
+// WARN, a repeat within the period left out and counted in the next line.
+func TestSDKErrorsLoggedOncePerWhile(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Now()
+	h := &errorLog{log: slog.New(slog.NewTextHandler(&buf, nil)), every: time.Minute, now: func() time.Time { return now },
+		last: map[string]time.Time{}, dropped: map[string]int{}}
+	refused := errors.New("traces export: connect: connection refused")
+	for range 3 {
+		h.Handle(refused)
+	}
+	h.Handle(errors.New("another"))
+	if n := strings.Count(buf.String(), "connection refused"); n != 1 {
+		t.Fatalf("logged %d times within the period, want once:\n%s", n, buf.String())
+	}
+	now = now.Add(time.Minute)
+	h.Handle(refused)
+	if !strings.Contains(buf.String(), `level=WARN msg=opentelemetry error="traces export: connect: connection refused" repeats_not_logged=2`) {
+		t.Fatalf("the next line does not count the 2 repeats:\n%s", buf.String())
+	}
+	if !strings.Contains(buf.String(), "error=another") {
+		t.Errorf("another error was not logged:\n%s", buf.String())
+	}
 }
