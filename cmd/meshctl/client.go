@@ -54,6 +54,12 @@ func addConnFlags(root *cobra.Command) {
 	f.StringVar(&conn.composer, "composer", envOr("MESH_COMPOSER", "localhost:7403"), "composer address (env MESH_COMPOSER)")
 	f.StringVar(&conn.nodeengine, "nodeengine", envOr("MESH_NODEENGINE", "localhost:7404"), "node engine admin address (env MESH_NODEENGINE)")
 	f.StringVarP(&conn.output, "output", "o", "text", "output format: text or json")
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		if o := strings.ToLower(conn.output); o != "text" && o != "json" {
+			return fmt.Errorf("--output %q: want text or json", conn.output)
+		}
+		return nil
+	}
 }
 
 func init() { rootHooks = append(rootHooks, addConnFlags) }

@@ -138,7 +138,11 @@ func printDevHelp(w io.Writer, m *onebox.Mesh) {
 	for _, e := range m.Engines {
 		fmt.Fprintf(w, "  ./bin/grpcurl %s %s mesh.nodeengine.v1.NodeEngineService/GetStatus   # %s, root %s\n", flags, e.Admin, e.Node, e.Root)
 	}
-	fmt.Fprintf(w, "\nmeshctl talks to the same mesh with:\n  export MESH_CERTS_DIR=%s MESH_COMPOSER=%s MESH_CATALOG=%s\n  go run ./cmd/meshctl status --why\n", m.CertsDir, m.Composer, m.Catalog)
+	fmt.Fprintf(w, "\nmeshctl talks to the same mesh with:\n  export MESH_CERTS_DIR=%s MESH_COMPOSER=%s MESH_CATALOG=%s MESH_SIGNER=%s\n  go run ./cmd/meshctl status --why\n  go run ./cmd/meshctl keys served\n",
+		m.CertsDir, m.Composer, m.Catalog, m.Signer)
+	if len(m.Engines) > 0 {
+		fmt.Fprintf(w, "  go run ./cmd/meshctl engine status --nodeengine %s   # %s's engine; engine views, engine again FP\n", m.Engines[0].Admin, m.Engines[0].Node)
+	}
 	if ep := os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"); ep != "" {
 		fmt.Fprintf(w, "\ntraces go to %s (OTLP/gRPC): one trace per module registration, through catalog, composer, signer, JetStream and every engine's apply\n", ep)
 	} else {

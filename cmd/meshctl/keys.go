@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"mesh.dev/internal/envelope"
 	"mesh.dev/internal/keyfile"
 	"mesh.dev/internal/verify"
+	signerv1 "mesh.dev/proto/mesh/signer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 )
 
@@ -27,7 +29,7 @@ func newKeysCmd() *cobra.Command {
 		Use:   "keys",
 		Short: "Root keys and keysets (run root commands on an offline machine)",
 	}
-	cmd.AddCommand(newRootInitCmd(), newRootsCmd(), newSignKeysetCmd(), newShowKeysetCmd())
+	cmd.AddCommand(newRootInitCmd(), newRootsCmd(), newSignKeysetCmd(), newShowKeysetCmd(), newServedKeysetCmd())
 	return cmd
 }
 
@@ -271,26 +273,57 @@ func newShowKeysetCmd() *cobra.Command {
 			if err := keyfile.ReadJSON(args[0], env); err != nil {
 				return err
 			}
-			ks := &typev1.Keyset{}
-			if err := envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_KEYSET, ks); err != nil {
-				return err
-			}
-			b, _ := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(ks)
-			fmt.Fprintln(cmd.OutOrStdout(), string(b))
-			if rootsFile != "" {
-				r, err := verify.LoadRoots(rootsFile)
-				if err != nil {
-					return err
-				}
-				ring, err := verify.Keyset(r, env)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "verified against %s: version %d, expired %v\n", rootsFile, ring.Version(), ring.Expired(time.Now()))
-			}
-			return nil
+			return showKeyset(cmd.OutOrStdout(), env, rootsFile, args[0])
 		},
 	}
 	cmd.Flags().StringVar(&rootsFile, "roots", "", "trust roots file to verify against")
 	return cmd
+}
+
+func newServedKeysetCmd() *cobra.Command {
+	var rootsFile string
+	cmd := &cobra.Command{
+		Use:   "served",
+		Short: "Print the keyset the signer at --signer serves and the key it signs with, verified when --roots is given",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cc, err := dial(conn.signer)
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			resp, err := signerv1.NewSignerServiceClient(cc).GetKeyset(cmd.Context(), &signerv1.GetKeysetRequest{})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "the signer at %s serves keyset version %d and signs with key %s\n", conn.signer, resp.GetVersion(), resp.GetSigningKeyId())
+			return showKeyset(cmd.OutOrStdout(), resp.GetKeyset(), rootsFile, "the signer")
+		},
+	}
+	cmd.Flags().StringVar(&rootsFile, "roots", "", "trust roots file to verify against")
+	return cmd
+}
+
+// showKeyset prints a keyset envelope's keyset and, with a roots file,
+// whether it verifies against it.
+func showKeyset(w io.Writer, env *typev1.Envelope, rootsFile, from string) error {
+	ks := &typev1.Keyset{}
+	if err := envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_KEYSET, ks); err != nil {
+		return fmt.Errorf("keyset of %s: %w", from, err)
+	}
+	b, _ := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(ks)
+	fmt.Fprintln(w, string(b))
+	if rootsFile == "" {
+		return nil
+	}
+	r, err := verify.LoadRoots(rootsFile)
+	if err != nil {
+		return err
+	}
+	ring, err := verify.Keyset(r, env)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "verified against %s: version %d, expired %v\n", rootsFile, ring.Version(), ring.Expired(time.Now()))
+	return nil
 }

@@ -193,7 +193,8 @@ modules:
 	if err := waitUntil(ctx, "db-1's derived state removed", func(ctx context.Context) (bool, string) {
 		out, err := f.run(t, ctx, "compositions", "db-1")
 		if err != nil {
-			return false, err.Error()
+			// Nothing left of a node with no spec is NOT_FOUND.
+			return strings.Contains(err.Error(), "no node spec of db-1, and no composition of it is kept"), err.Error()
 		}
 		return len(lines(out, `^db-1\.`)) == 0, out
 	}); err != nil {

@@ -55,7 +55,7 @@ code and words, held moves with their reasons, and the last compose error.
 					RenderStatus(cmd.OutOrStdout(), sts, why, time.Now())
 				}
 				if missing := missingNodes(sts, args); len(missing) > 0 {
-					return errors.Join(err, fmt.Errorf("no status of %s: no such node, or not composed yet (meshctl node list shows the nodes)", quoteList(missing)))
+					return errors.Join(err, fmt.Errorf("no status of %s: no such node, or not composed yet (meshctl node ls lists the nodes)", quoteList(missing)))
 				}
 				return err
 			}
