@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"mesh.dev/internal/canonical"
+	"mesh.dev/internal/identity"
 	"mesh.dev/internal/names"
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
@@ -537,6 +538,12 @@ and examples are in examples/modules.`,
 					}
 					o.Artifacts[ref] = file
 				}
+			}
+			// Said before anything is written: an operator may store an
+			// entry but not its build or artifacts, which would leave the
+			// publish half done.
+			if id, ok := callerIdentity(); ok && id.Role != identity.RoleBuilder {
+				return fmt.Errorf("publishing needs a builder identity, e.g. --identity builder-ci (this certificate is %s)", id)
 			}
 			return withCatalog(func(c catalogv1.CatalogServiceClient) error {
 				var errs []error

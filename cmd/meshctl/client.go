@@ -2,6 +2,8 @@ package main
 
 import (
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"mesh.dev/internal/grpcclient"
+	"mesh.dev/internal/identity"
 	"mesh.dev/internal/pki"
 )
 
@@ -115,3 +118,23 @@ func printJSON(cmd *cobra.Command, m proto.Message) error {
 
 // wantJSON reports whether -o json was given.
 func wantJSON() bool { return strings.EqualFold(conn.output, "json") }
+
+// callerIdentity is the identity of the certificate the flags name, read
+// from its file (ok false when it cannot be read: the call says why).
+func callerIdentity() (identity.Identity, bool) {
+	_, certFile, _ := conn.tlsFiles()
+	b, err := os.ReadFile(certFile)
+	if err != nil {
+		return identity.Identity{}, false
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return identity.Identity{}, false
+	}
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return identity.Identity{}, false
+	}
+	id, err := identity.FromCertificate(cert)
+	return id, err == nil
+}

@@ -53,6 +53,21 @@ wants it keeps, and asks the catalog again for an entry.`,
 		}),
 	})
 	cmd.AddCommand(&cobra.Command{
+		Use:   "manifest",
+		Short: "Print the signed manifest the engine applied (JSON, for meshctl verify)",
+		Args:  cobra.NoArgs,
+		RunE: withEngine(func(cmd *cobra.Command, _ []string, c nodeenginev1.NodeEngineServiceClient) error {
+			st, err := c.GetStatus(cmd.Context(), &nodeenginev1.GetStatusRequest{})
+			if err != nil {
+				return err
+			}
+			if st.GetAppliedManifest() == nil {
+				return fmt.Errorf("the engine of %s has applied no manifest", st.GetNode())
+			}
+			return printJSON(cmd, st.GetAppliedManifest())
+		}),
+	})
+	cmd.AddCommand(&cobra.Command{
 		Use:   "views",
 		Short: "The entries (every state) and wants the engine keeps",
 		Args:  cobra.NoArgs,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -24,6 +25,7 @@ func init() {
 	register(newApproveCmd)
 	register(newHoldsCmd)
 	register(newCompositionsCmd)
+	register(newCompositionCmd)
 }
 
 // withComposer adapts a command body that calls the composer: it dials with
@@ -336,6 +338,24 @@ func newApproveCmd() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "approval %s of %s (%d digests)\n", resp.GetApproval().GetId(), args[0], len(resp.GetApproval().GetDigests()))
+			// An approval may come before the move it lets through (from
+			// a plan); say so when no held move names these digests now,
+			// the usual sign of a mistyped module or digest.
+			if holds, err := c.ListHolds(cmd.Context(), &composerv1.ListHoldsRequest{}); err == nil {
+				matched := 0
+				for _, nh := range holds.GetNodes() {
+					for _, h := range nh.GetHolds() {
+						if h.GetModule() == args[0] && slices.Contains(args[1:], h.GetCompositionDigest()) {
+							matched++
+						}
+					}
+				}
+				if matched == 0 {
+					fmt.Fprintf(cmd.ErrOrStderr(), "note: no move of %s held now names these digests (meshctl holds lists them); the approval lets one through when it does\n", args[0])
+				} else {
+					fmt.Fprintf(cmd.OutOrStdout(), "lets %d held moves through\n", matched)
+				}
+			}
 			return nil
 		}),
 	}
@@ -393,6 +413,21 @@ func newCompositionsCmd() *cobra.Command {
 					ci.GetWrittenAt().AsTime().Format("2006-01-02T15:04:05Z"), judgementWord(ci.GetJudgement().GetJudgement()), ci.GetJudgement().GetWords())
 			}
 			return tw.Flush()
+		}),
+	}
+}
+
+func newCompositionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "composition KEY",
+		Short: "Print a signed composition the composer holds (JSON, for meshctl verify)",
+		Args:  cobra.ExactArgs(1),
+		RunE: withComposer(func(cmd *cobra.Command, args []string, c composerv1.ComposerServiceClient) error {
+			resp, err := c.GetComposition(cmd.Context(), &composerv1.GetCompositionRequest{Key: args[0]})
+			if err != nil {
+				return err
+			}
+			return printJSON(cmd, resp.GetComposition())
 		}),
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -230,7 +231,10 @@ func Start(ctx context.Context, opts Options) (_ *Mesh, err error) {
 	}
 	emb, err := natsx.StartEmbedded(natsx.EmbeddedConfig{DataDir: l.nats(), Port: natsPort, SyncAlways: !opts.LazySync, ServerName: "meshdev"})
 	if err != nil {
-		return nil, fmt.Errorf("embedded nats: %w", err)
+		if natsPort > 0 && strings.Contains(err.Error(), "address already in use") {
+			return nil, fmt.Errorf("%w (another meshctl dev? --base-port moves every port)", err)
+		}
+		return nil, err
 	}
 	m.closer = append(m.closer, emb.Shutdown)
 	m.NATSURL = emb.ClientURL()

@@ -503,9 +503,12 @@ type GetStatusResponse struct {
 	// Why the engine applies nothing at all, when it does not: a kept state
 	// section it cannot read, or an apply whose ledger is not committed yet.
 	// The same words go to the composer as a FAILED attempt of its own have.
-	Blocked       string `protobuf:"bytes,16,opt,name=blocked,proto3" json:"blocked,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Blocked string `protobuf:"bytes,16,opt,name=blocked,proto3" json:"blocked,omitempty"`
+	// The signed manifest applied (what `meshctl verify --manifest` checks
+	// offline, as the engine did).
+	AppliedManifest *v1.Envelope `protobuf:"bytes,17,opt,name=applied_manifest,json=appliedManifest,proto3" json:"applied_manifest,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GetStatusResponse) Reset() {
@@ -648,6 +651,13 @@ func (x *GetStatusResponse) GetBlocked() string {
 		return x.Blocked
 	}
 	return ""
+}
+
+func (x *GetStatusResponse) GetAppliedManifest() *v1.Envelope {
+	if x != nil {
+		return x.AppliedManifest
+	}
+	return nil
 }
 
 type FirstViewsRequest struct {
@@ -822,7 +832,7 @@ var File_mesh_nodeengine_v1_nodeengine_proto protoreflect.FileDescriptor
 
 const file_mesh_nodeengine_v1_nodeengine_proto_rawDesc = "" +
 	"\n" +
-	"#mesh/nodeengine/v1/nodeengine.proto\x12\x12mesh.nodeengine.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cmesh/composer/v1/types.proto\x1a\x1emesh/type/v1/composition.proto\"\xc3\x01\n" +
+	"#mesh/nodeengine/v1/nodeengine.proto\x12\x12mesh.nodeengine.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cmesh/composer/v1/types.proto\x1a\x1emesh/type/v1/composition.proto\x1a\x1bmesh/type/v1/envelope.proto\"\xc3\x01\n" +
 	"\tEntryView\x12 \n" +
 	"\vfingerprint\x18\x01 \x01(\tR\vfingerprint\x12\x16\n" +
 	"\x06module\x18\x02 \x01(\tR\x06module\x124\n" +
@@ -851,7 +861,7 @@ const file_mesh_nodeengine_v1_nodeengine_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x15\n" +
 	"\x06key_id\x18\x05 \x01(\tR\x05keyId\"\x12\n" +
-	"\x10GetStatusRequest\"\xb5\x05\n" +
+	"\x10GetStatusRequest\"\xf8\x05\n" +
 	"\x11GetStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12:\n" +
 	"\aapplied\x18\x02 \x01(\v2 .mesh.nodeengine.v1.ManifestViewR\aapplied\x12:\n" +
@@ -871,7 +881,8 @@ const file_mesh_nodeengine_v1_nodeengine_proto_rawDesc = "" +
 	"\vstale_since\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"staleSince\x12\x14\n" +
 	"\x05drift\x18\x0f \x03(\tR\x05drift\x12\x18\n" +
-	"\ablocked\x18\x10 \x01(\tR\ablocked\"\x13\n" +
+	"\ablocked\x18\x10 \x01(\tR\ablocked\x12A\n" +
+	"\x10applied_manifest\x18\x11 \x01(\v2\x16.mesh.type.v1.EnvelopeR\x0fappliedManifest\"\x13\n" +
 	"\x11FirstViewsRequest\"\x81\x01\n" +
 	"\x12FirstViewsResponse\x127\n" +
 	"\aentries\x18\x01 \x03(\v2\x1d.mesh.nodeengine.v1.EntryViewR\aentries\x122\n" +
@@ -923,6 +934,7 @@ var file_mesh_nodeengine_v1_nodeengine_proto_goTypes = []any{
 	(*v1.Want)(nil),               // 13: mesh.type.v1.Want
 	(v11.ReasonCode)(0),           // 14: mesh.composer.v1.ReasonCode
 	(*v11.Have)(nil),              // 15: mesh.composer.v1.Have
+	(*v1.Envelope)(nil),           // 16: mesh.type.v1.Envelope
 }
 var file_mesh_nodeengine_v1_nodeengine_proto_depIdxs = []int32{
 	0,  // 0: mesh.nodeengine.v1.EntryView.state:type_name -> mesh.nodeengine.v1.EntryState
@@ -940,19 +952,20 @@ var file_mesh_nodeengine_v1_nodeengine_proto_depIdxs = []int32{
 	4,  // 12: mesh.nodeengine.v1.GetStatusResponse.picture:type_name -> mesh.nodeengine.v1.PictureModule
 	12, // 13: mesh.nodeengine.v1.GetStatusResponse.last_sync:type_name -> google.protobuf.Timestamp
 	12, // 14: mesh.nodeengine.v1.GetStatusResponse.stale_since:type_name -> google.protobuf.Timestamp
-	1,  // 15: mesh.nodeengine.v1.FirstViewsResponse.entries:type_name -> mesh.nodeengine.v1.EntryView
-	2,  // 16: mesh.nodeengine.v1.FirstViewsResponse.wants:type_name -> mesh.nodeengine.v1.WantView
-	6,  // 17: mesh.nodeengine.v1.NodeEngineService.GetStatus:input_type -> mesh.nodeengine.v1.GetStatusRequest
-	8,  // 18: mesh.nodeengine.v1.NodeEngineService.FirstViews:input_type -> mesh.nodeengine.v1.FirstViewsRequest
-	10, // 19: mesh.nodeengine.v1.NodeEngineService.EntryAgain:input_type -> mesh.nodeengine.v1.EntryAgainRequest
-	7,  // 20: mesh.nodeengine.v1.NodeEngineService.GetStatus:output_type -> mesh.nodeengine.v1.GetStatusResponse
-	9,  // 21: mesh.nodeengine.v1.NodeEngineService.FirstViews:output_type -> mesh.nodeengine.v1.FirstViewsResponse
-	11, // 22: mesh.nodeengine.v1.NodeEngineService.EntryAgain:output_type -> mesh.nodeengine.v1.EntryAgainResponse
-	20, // [20:23] is the sub-list for method output_type
-	17, // [17:20] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	16, // 15: mesh.nodeengine.v1.GetStatusResponse.applied_manifest:type_name -> mesh.type.v1.Envelope
+	1,  // 16: mesh.nodeengine.v1.FirstViewsResponse.entries:type_name -> mesh.nodeengine.v1.EntryView
+	2,  // 17: mesh.nodeengine.v1.FirstViewsResponse.wants:type_name -> mesh.nodeengine.v1.WantView
+	6,  // 18: mesh.nodeengine.v1.NodeEngineService.GetStatus:input_type -> mesh.nodeengine.v1.GetStatusRequest
+	8,  // 19: mesh.nodeengine.v1.NodeEngineService.FirstViews:input_type -> mesh.nodeengine.v1.FirstViewsRequest
+	10, // 20: mesh.nodeengine.v1.NodeEngineService.EntryAgain:input_type -> mesh.nodeengine.v1.EntryAgainRequest
+	7,  // 21: mesh.nodeengine.v1.NodeEngineService.GetStatus:output_type -> mesh.nodeengine.v1.GetStatusResponse
+	9,  // 22: mesh.nodeengine.v1.NodeEngineService.FirstViews:output_type -> mesh.nodeengine.v1.FirstViewsResponse
+	11, // 23: mesh.nodeengine.v1.NodeEngineService.EntryAgain:output_type -> mesh.nodeengine.v1.EntryAgainResponse
+	21, // [21:24] is the sub-list for method output_type
+	18, // [18:21] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_mesh_nodeengine_v1_nodeengine_proto_init() }

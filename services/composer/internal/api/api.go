@@ -376,8 +376,9 @@ func (s *Server) Approve(ctx context.Context, req *composerv1.ApproveRequest) (*
 		return nil, s.toStatus(ctx, "Approve", invalid("digests", "%d digests, over the limit of %d per approval", n, MaxApprovalDigests))
 	}
 	for i, d := range req.GetDigests() {
-		if err := names.CheckDigest(fmt.Sprintf("digests[%d]", i), d); err != nil {
-			return nil, s.toStatus(ctx, "Approve", invalid(fmt.Sprintf("digests[%d]", i), "%v", err))
+		if !names.ValidDigest(d) {
+			return nil, s.toStatus(ctx, "Approve", invalid(fmt.Sprintf("digests[%d]", i),
+				"%q is not a digest (sha256: + 64 lowercase hex: the full digest, as meshctl plan -o json shows it)", d))
 		}
 	}
 	if err := ValidateLabels("selector.match_labels", req.GetSelector().GetMatchLabels()); err != nil {
@@ -562,8 +563,8 @@ func (s *Server) GetComposition(ctx context.Context, req *composerv1.GetComposit
 		return nil, s.toStatus(ctx, "GetComposition", invalid("key", "%v", err))
 	}
 	if req.GetDigest() != "" {
-		if err := names.CheckDigest("digest", req.GetDigest()); err != nil {
-			return nil, s.toStatus(ctx, "GetComposition", invalid("digest", "%v", err))
+		if !names.ValidDigest(req.GetDigest()) {
+			return nil, s.toStatus(ctx, "GetComposition", invalid("digest", "%q is not a digest (sha256: + 64 lowercase hex)", req.GetDigest()))
 		}
 		if env, ok := s.cfg.Store.CompositionOf(req.GetKey(), req.GetDigest()); ok && s.verifiable(env) {
 			return &composerv1.GetCompositionResponse{Composition: env, Digest: req.GetDigest()}, nil
@@ -625,8 +626,8 @@ func (s *Server) GetObject(req *composerv1.GetObjectRequest, stream grpc.ServerS
 	if _, err := names.ParseCompositionKey(req.GetCompositionKey()); err != nil {
 		return s.toStatus(ctx, "GetObject", invalid("composition_key", "%v", err))
 	}
-	if err := names.CheckDigest("digest", req.GetDigest()); err != nil {
-		return s.toStatus(ctx, "GetObject", invalid("digest", "%v", err))
+	if !names.ValidDigest(req.GetDigest()) {
+		return s.toStatus(ctx, "GetObject", invalid("digest", "%q is not a digest (sha256: + 64 lowercase hex)", req.GetDigest()))
 	}
 	if req.GetOffset() < 0 {
 		return s.toStatus(ctx, "GetObject", invalid("offset", "negative"))

@@ -33,7 +33,7 @@ func (e *Engine) Status() *nodeenginev1.GetStatusResponse {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := &nodeenginev1.GetStatusResponse{
-		Node: e.cfg.Node, Applied: manifestView(e.applied.Manifest), HighWater: e.hw.Revision,
+		Node: e.cfg.Node, Applied: manifestView(e.applied.Manifest), AppliedManifest: e.applied.Manifest, HighWater: e.hw.Revision,
 		Haves: cloneHaves(e.haves), Connected: e.connected, ConnectionError: e.connErr,
 		Stale: e.stale, Drift: append([]string{}, e.drift...), Blocked: e.blockedWordsLocked(),
 		Wants: []*typev1.Want{}, Holds: []*nodeenginev1.EngineHold{}, Picture: []*nodeenginev1.PictureModule{},
