@@ -49,13 +49,7 @@ func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds
 			content[it.key] = it.comp
 			continue
 		}
-		approvedBy := ""
-		for _, a := range approvals {
-			if compose.Approves(a, m, it.digest, labels) {
-				approvedBy = a.GetId()
-				break
-			}
-		}
+		approvedBy := approvalOf(approvals, m, it.digest, labels)
 		move, why := compose.Decide(compose.Move{Module: m, Judged: it.judged, Policy: it.policy, Approved: approvedBy != "", Placed: prev == nil})
 		if move {
 			wants = append(wants, nw)
@@ -129,6 +123,34 @@ func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds
 	}
 	slices.Sort(used)
 	return wants, holds, slices.Compact(used), nil
+}
+
+// approvalOf is the id of the first approval that lets a module move to a
+// composition digest on a node with these labels, or "".
+func approvalOf(approvals []*composerv1.Approval, module, digest string, labels map[string]string) string {
+	for _, a := range approvals {
+		if compose.Approves(a, module, digest, labels) {
+			return a.GetId()
+		}
+	}
+	return ""
+}
+
+// heldOverWanted reports whether writing a module's composition that
+// differs would replace the very composition the node wants with a move
+// the assigner then holds: a change of params, facts or labels at the same
+// fingerprint has the same key (<node>.<module>.<fp>). Such a write is not
+// made — the held want stays held and the hold names the new digest, which
+// an approval lets through (the pass that moves writes it). It judges it.
+func (p *Passer) heldOverWanted(ctx context.Context, st *nodeState, it *item, jc *judging) bool {
+	prev := st.prevWant(it.comp.GetModule())
+	if it.own || prev == nil || prev.GetCompositionKey() != it.key || it.heldDigest != prev.GetCompositionDigest() {
+		return false
+	}
+	jc.judge(ctx, it)
+	approvedBy := approvalOf(p.cfg.Approvals.Approvals(), it.comp.GetModule(), it.digest, st.spec.GetLabels())
+	move, _ := compose.Decide(compose.Move{Module: it.comp.GetModule(), Judged: it.judged, Policy: it.policy, Approved: approvedBy != ""})
+	return !move
 }
 
 func keyOfModule(wants []*typev1.Want, mover, a, b string) string {

@@ -238,7 +238,8 @@ func (p *Passer) writeRecordSpan(ctx context.Context, it *item, jc *judging) (bo
 // follow reads a composition again from the stream leader after this pass
 // wrote it or its record: while it holds another digest than the one
 // judged, that one is judged and its record kept instead; after maxFollows
-// the composition fails. A key found deleted deletes its record.
+// the composition fails. A key found deleted deletes its record and fails
+// the composition: it is not held.
 func (p *Passer) follow(ctx context.Context, it *item, jc *judging) error {
 	for follow := 0; ; follow++ {
 		if follow > 0 && p.hooks.beforeReread != nil {
@@ -259,7 +260,8 @@ func (p *Passer) follow(ctx context.Context, it *item, jc *judging) error {
 			if err == nil {
 				jc.st.recorded(it.key)
 			}
-			return nil
+			// Not held: no assignment of this pass may name it (step 7).
+			return fmt.Errorf("%s was deleted under this writer after it was written; not held, so not wanted by this pass (the next one writes it again)", it.key)
 		}
 		var held string
 		if obs.env != nil {

@@ -794,7 +794,7 @@ func (p *Passer) needsCommit(st *nodeState, wants []*typev1.Want, holds []*compo
 		return changes, true
 	}
 	h := st.haves
-	if h.GetHighWater() > a.GetManifestRevision() {
+	if reportedRevision(h) > a.GetManifestRevision() {
 		return changes, true
 	}
 	if p.seen.highest(st.spec.GetNode()) > a.GetManifestRevision() {
@@ -809,7 +809,7 @@ func (p *Passer) needsCommit(st *nodeState, wants []*typev1.Want, holds []*compo
 	// is above it, the report is older than the held manifest and stands
 	// only until the engine reports again — an engine offline for a while
 	// does not get a new revision every pass.
-	if h.GetHighWater() >= a.GetManifestRevision() && h.GetApplied().GetDigest() != a.GetManifestDigest() {
+	if reportedRevision(h) >= a.GetManifestRevision() && h.GetApplied().GetDigest() != a.GetManifestDigest() {
 		for _, hv := range h.GetHaves() {
 			if hv.GetAttempt().GetReasonCode() == composerv1.ReasonCode_REASON_CODE_REVISION_CONFLICT &&
 				hv.GetAttempt().GetState() == composerv1.AttemptState_ATTEMPT_STATE_FAILED {
@@ -862,7 +862,7 @@ func (p *Passer) commit(ctx context.Context, st *nodeState, wants []*typev1.Want
 	}
 	a := &composerv1.Assignment{Node: node, Wants: wants, Holds: holds, Inputs: inputs, Moved: moved}
 	if sign || st.assignment == nil {
-		floor := max(st.assignment.GetManifestRevision(), st.haves.GetHighWater(), p.seen.highest(node)) + 1
+		floor := max(st.assignment.GetManifestRevision(), reportedRevision(st.haves), p.seen.highest(node)) + 1
 		tp, ts := telemetry.Traceparent(ctx)
 		signed, err := p.cfg.Signer.SignManifests(ctx, st.epoch, []*signerv1.ManifestItem{{Node: node, RevisionFloor: floor, Wants: wants, Traceparent: tp, Tracestate: ts}})
 		if err != nil {
@@ -986,4 +986,12 @@ func (p *Passer) signerAhead(env *typev1.Envelope) bool {
 		}
 	}
 	return false
+}
+
+// reportedRevision is the highest manifest revision an engine reported:
+// its high-water or its applied revision, whichever is higher (an engine
+// keeps the first at least the second, but its kept state may have been
+// reset). The floor of the next manifest is above it (DESIGN.md §6 step 4).
+func reportedRevision(h *composerv1.HaveRecord) uint64 {
+	return max(h.GetHighWater(), h.GetApplied().GetRevision())
 }

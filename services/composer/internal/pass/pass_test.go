@@ -106,7 +106,7 @@ func digestOf(t *testing.T, value []byte) string {
 // record the writer reads the composition again and, while another writer
 // replaced it, judges and keeps that one instead; after 3 follows the
 // composition fails with its words, and a key found deleted deletes its
-// record.
+// record and fails the composition (it is not held).
 func TestFollowLoop(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -156,8 +156,13 @@ func TestFollowLoop(t *testing.T) {
 					t.Errorf("re-read %d times, want 4", len(followed))
 				}
 			case tc.deleted:
-				if res.Err != nil {
-					t.Fatal(res.Err)
+				// Not held: the composition fails, and no assignment names
+				// it (step 7).
+				if want := s.key + " was deleted under this writer"; res.Err == nil || !strings.Contains(res.Err.Error(), want) {
+					t.Fatalf("pass error %v, want %q", res.Err, want)
+				}
+				if res.Committed {
+					t.Error("an assignment was committed naming a composition not held")
 				}
 				if recErr == nil {
 					t.Errorf("the record of a deleted composition stayed: %v", rec)

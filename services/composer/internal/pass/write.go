@@ -52,6 +52,10 @@ type item struct {
 	beforeDigest string
 	// differs is set when the held value is not this composition.
 	differs bool
+	// deferred is set when it differs but is not written: it would
+	// replace the composition the node wants with a move the assigner
+	// holds (see heldOverWanted).
+	deferred bool
 	// absent is set when the key held nothing when the pass read it.
 	absent bool
 	// written is the revision written by this pass.
@@ -308,6 +312,11 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 			}
 			continue
 		}
+		if p.heldOverWanted(ctx, st, it, jc) {
+			// Neither signed nor written: the held want stays held.
+			it.differs, it.deferred = false, true
+			continue
+		}
 		if err := p.holdObjects(ctx, node, it, false); err != nil {
 			failed(it, err)
 			continue
@@ -367,6 +376,10 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 	// be read again (step 5).
 	keep := func(it *item) bool {
 		if it.err != nil {
+			return false
+		}
+		if it.deferred {
+			// The key keeps what the node wants, and its record.
 			return false
 		}
 		if it.differs {
