@@ -39,7 +39,7 @@ const devTimeout = 4 * time.Minute
 type printed struct {
 	grpcurl []string // the grpcurl command lines, as printed
 	export  string   // the export line for meshctl
-	meshctl string   // the meshctl command line
+	meshctl []string // the meshctl command lines
 	// From the first grpcurl line: the certificate flags and the address of
 	// each service.
 	ca, cert, key string
@@ -145,11 +145,11 @@ func parse(t *testing.T, out string) printed {
 			p.export = m[1]
 		}
 		if m := meshctlLine.FindStringSubmatch(line); m != nil {
-			p.meshctl = m[1]
+			p.meshctl = append(p.meshctl, m[1])
 		}
 	}
-	if len(p.grpcurl) != 4+3 || p.catalog == "" || p.signer == "" || p.composer == "" || len(p.engines) != 3 || p.export == "" || p.meshctl == "" {
-		t.Fatalf("meshctl dev printed %d grpcurl commands (want list, ListStatus, ListModules, GetKeyset and 3 GetStatus), export %q, meshctl %q:\n%s",
+	if len(p.grpcurl) != 4+3 || p.catalog == "" || p.signer == "" || p.composer == "" || len(p.engines) != 3 || p.export == "" || len(p.meshctl) != 3 {
+		t.Fatalf("meshctl dev printed %d grpcurl commands (want list, ListStatus, ListModules, GetKeyset and 3 GetStatus), export %q, meshctl %q (want status, keys served, engine status):\n%s",
 			len(p.grpcurl), p.export, p.meshctl, out)
 	}
 	if filepath.Base(p.cert) != "operator-admin.pem" {
@@ -234,12 +234,29 @@ func testPrinted(t *testing.T, root string, p printed) {
 		}
 	}
 	// meshctl with the environment it prints.
-	line := p.export + " && " + p.meshctl
-	out, err := shell(root, line)
-	if err != nil {
-		t.Errorf("%s\n%v\n%s", line, err, out)
-	} else if strings.Count(out, "CONVERGED") != 3 {
-		t.Errorf("%s printed:\n%s", line, out)
+	for _, cmd := range p.meshctl {
+		line := p.export + " && " + cmd
+		out, err := shell(root, line)
+		if err != nil {
+			t.Errorf("%s\n%v\n%s", line, err, out)
+			continue
+		}
+		var ok bool
+		switch {
+		case strings.Contains(cmd, "meshctl status"):
+			ok = strings.Count(out, "CONVERGED") == 3
+		case strings.Contains(cmd, "meshctl keys served"):
+			ok = strings.Contains(out, "serves keyset version 1 and signs with key ")
+		case strings.Contains(cmd, "meshctl engine status"):
+			ok = strings.HasPrefix(out, "node dev-1: applied r") && strings.Contains(out, "\nconnected; last sync ") &&
+				strings.Contains(out, "\nnode ") && strings.Contains(out, " APPLIED ") && !strings.Contains(out, "FAILED") && !strings.Contains(out, "BLOCKED")
+		default:
+			t.Errorf("meshctl dev printed a meshctl command this test does not know: %s", cmd)
+			continue
+		}
+		if !ok {
+			t.Errorf("%s printed:\n%s", line, out)
+		}
 	}
 }
 

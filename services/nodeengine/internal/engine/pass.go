@@ -265,21 +265,31 @@ func (e *Engine) takeKeysets() {
 			continue // only a higher version is taken
 		}
 		if e.keyring == nil && e.keysetErr != nil {
-			// The kept keyset is unreadable, so the version it held is not
-			// known: a keyset older than the one the applied manifest was
-			// signed under is a rollback (it may list keys a later one
-			// revoked) and repairs nothing.
-			if floor := e.appliedKeysetVersionLocked(); ring.Version() < floor {
-				e.keysetRefused = fmt.Sprintf("keyset refused: version %d is older than version %d, which the applied manifest was signed under (the kept keyset is unreadable; only a keyset at least that new repairs it)",
-					ring.Version(), floor)
+			// The kept keyset is unreadable: an older keyset than the
+			// newest this engine took is a rollback (it may list keys a
+			// later one revoked) and repairs nothing.
+			if floor, from := e.keysetFloorLocked(); ring.Version() < floor {
+				e.keysetRefused = fmt.Sprintf("keyset refused: version %d is older than version %d (%s; the kept keyset is unreadable, and only a keyset at least that new repairs it)",
+					ring.Version(), floor, from)
 				e.refuseLocked(composerv1.ReasonCode_REASON_CODE_KEYSET_INVALID, e.keysetRefused)
 				continue
 			}
 		}
-		if err := e.cfg.Store.PutKeyset(env); err != nil {
+		next := e.hw
+		if e.hwErr == nil && ring.Version() > next.KeysetVersion {
+			// The floor is kept with the keyset, in one transaction.
+			next.KeysetVersion = ring.Version()
+			err = e.cfg.Store.PutKeysetAndMarks(env, next)
+		} else {
+			err = e.cfg.Store.PutKeyset(env)
+		}
+		if err != nil {
 			// Not used before it is kept; the composer sends it again.
 			e.log.Error("keyset not persisted, not used", slog.Uint64("version", ring.Version()), slog.Any("error", err))
 			continue
+		}
+		if e.hwErr == nil {
+			e.hw = next
 		}
 		e.log.Info("keyset accepted", slog.Uint64("version", ring.Version()))
 		e.keyring = ring
@@ -291,14 +301,29 @@ func (e *Engine) takeKeysets() {
 	}
 }
 
-// appliedKeysetVersionLocked is the keyset version the applied manifest
-// was signed under (0 when none is applied or it does not decode).
-func (e *Engine) appliedKeysetVersionLocked() uint64 {
-	m := &typev1.Manifest{}
-	if e.applied.Manifest == nil || envelope.Open(e.applied.Manifest, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m) != nil {
-		return 0
+// keysetFloorLocked is the lowest keyset version that may repair an
+// unreadable keyset section, and where it comes from: the highest keyset
+// version the high-water marks record as taken, or, for state kept before
+// they recorded it, the keyset version the applied manifest or a journal's
+// manifest was signed under.
+func (e *Engine) keysetFloorLocked() (uint64, string) {
+	floor, from := e.hw.KeysetVersion, "the newest this engine took"
+	signedUnder := func(env *typev1.Envelope, what string) {
+		m := &typev1.Manifest{}
+		if env != nil && envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m) == nil && m.GetKeysetVersion() > floor {
+			floor, from = m.GetKeysetVersion(), "the one "+what+" was signed under"
+		}
 	}
-	return m.GetKeysetVersion()
+	signedUnder(e.applied.Manifest, "the applied manifest")
+	for _, j := range []*state.Journal{e.heldJournal, e.pending} {
+		if j != nil && len(j.Manifest) > 0 {
+			env := &typev1.Envelope{}
+			if proto.Unmarshal(j.Manifest, env) == nil {
+				signedUnder(env, "the manifest of an unfinished apply")
+			}
+		}
+	}
+	return floor, from
 }
 
 // unblockLocked clears the blocked reason once no section blocks.
@@ -380,6 +405,7 @@ func (e *Engine) judgeLocked(env *typev1.Envelope, now time.Time) bool {
 	if m.GetRevision() > hw.Revision {
 		next := hw
 		next.Revision, next.Digest = m.GetRevision(), digest
+		next.KeysetVersion = max(next.KeysetVersion, e.keyring.Version())
 		// The mark is durable before anything of the manifest is applied.
 		if err := e.cfg.Store.PutHighWater(next); err != nil {
 			e.refuseLocked(composerv1.ReasonCode_REASON_CODE_WRITE_FAILED, "manifest not applied: its high-water mark could not be kept: "+err.Error())

@@ -114,6 +114,17 @@ func (f *Faulty) PutKeyset(env *typev1.Envelope) error {
 	return f.Store.PutKeyset(env)
 }
 
+// PutKeysetAndMarks fails when SectionKeyset or SectionHighWater fails.
+func (f *Faulty) PutKeysetAndMarks(env *typev1.Envelope, hw HighWater) error {
+	if err := f.check(SectionKeyset); err != nil {
+		return err
+	}
+	if err := f.check(SectionHighWater); err != nil {
+		return err
+	}
+	return f.Store.PutKeysetAndMarks(env, hw)
+}
+
 // PutJournal fails when SectionJournal fails.
 func (f *Faulty) PutJournal(j *Journal) error {
 	if err := f.check(SectionJournal); err != nil {

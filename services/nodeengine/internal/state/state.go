@@ -166,6 +166,12 @@ type HighWater struct {
 	// digest (an equal revision with another digest is refused).
 	Revision uint64 `json:"revision"`
 	Digest   string `json:"digest,omitempty"`
+	// KeysetVersion is the highest keyset version taken (and under which
+	// a manifest was accepted): kept apart from the keyset section, it is
+	// the floor a keyset must reach to repair that section when it cannot
+	// be read (an older one may list keys a later one revoked). State
+	// written before it was kept holds 0.
+	KeysetVersion uint64 `json:"keyset_version,omitempty"`
 }
 
 // Record types of the ledger.
@@ -373,6 +379,7 @@ type Store interface {
 	PutHighWater(hw HighWater) error
 	PutReportSeq(seq uint64) error
 	PutKeyset(env *typev1.Envelope) error
+	PutKeysetAndMarks(env *typev1.Envelope, hw HighWater) error
 	PutJournal(j *Journal) error
 	Commit(c *Commit) error
 	// Reset empties a section whose policy is AskAfresh, so an unreadable
@@ -766,6 +773,29 @@ func (d *DB) PutKeyset(env *typev1.Envelope) error {
 	}
 	if err := d.put(SectionKeyset, keyCurrent, v); err != nil {
 		return fmt.Errorf("persist keyset: %w", err)
+	}
+	return nil
+}
+
+// PutKeysetAndMarks persists a keyset and the high-water marks (whose
+// KeysetVersion records it) in one transaction: the floor never lags the
+// keyset it guards.
+func (d *DB) PutKeysetAndMarks(env *typev1.Envelope, hw HighWater) error {
+	ks, err := proto.MarshalOptions{Deterministic: true}.Marshal(env)
+	if err != nil {
+		return err
+	}
+	marks, err := json.Marshal(marksRecord{V: version, HighWater: hw})
+	if err != nil {
+		return err
+	}
+	if err := d.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket([]byte(SectionKeyset)).Put([]byte(keyCurrent), ks); err != nil {
+			return err
+		}
+		return tx.Bucket([]byte(SectionHighWater)).Put([]byte(keyMarks), marks)
+	}); err != nil {
+		return fmt.Errorf("persist keyset and high-water marks: %w", err)
 	}
 	return nil
 }
