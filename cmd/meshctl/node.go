@@ -237,6 +237,11 @@ func printPlan(cmd *cobra.Command, plan *composerv1.PlanResponse) error {
 }
 
 func judgementWord(j composerv1.Judgement) string {
+	if j == composerv1.Judgement_JUDGEMENT_UNSPECIFIED {
+		// A hold with nothing to judge yet (no registration, a build
+		// not done): its reason says why.
+		return "-"
+	}
 	return strings.TrimPrefix(j.String(), "JUDGEMENT_")
 }
 
