@@ -45,3 +45,11 @@ func (o observed) PutKeyset(env *typev1.Envelope) error {
 	o.fn(Committed{Keyset: env})
 	return nil
 }
+
+func (o observed) PutKeysetAndMarks(env *typev1.Envelope, hw state.HighWater) error {
+	if err := o.Store.PutKeysetAndMarks(env, hw); err != nil {
+		return err
+	}
+	o.fn(Committed{Keyset: env})
+	return nil
+}
