@@ -475,3 +475,19 @@ func TestJournal(t *testing.T) {
 		t.Errorf("version 1 journal: %+v, error %v", k.Journal, k.JournalErr)
 	}
 }
+
+// TestKeysetAndMarksTogether: the keyset and the high-water marks that
+// record its version are written in one transaction and read back both.
+func TestKeysetAndMarksTogether(t *testing.T) {
+	db, err := Open(filepath.Join(t.TempDir(), "engine.db"))
+	must(t, err)
+	defer db.Close()
+	must(t, db.PutHighWater(HighWater{Revision: 7, Digest: names.Digest([]byte("m"))}))
+	ks := &typev1.Envelope{PayloadType: typev1.PayloadType_PAYLOAD_TYPE_KEYSET, Payload: []byte("k2")}
+	must(t, db.PutKeysetAndMarks(ks, HighWater{Revision: 7, Digest: names.Digest([]byte("m")), KeysetVersion: 2}))
+	k, err := db.Load()
+	must(t, err)
+	if string(k.Keyset.GetPayload()) != "k2" || k.HighWater.KeysetVersion != 2 || k.HighWater.Revision != 7 {
+		t.Errorf("kept keyset %q, marks %+v", k.Keyset.GetPayload(), k.HighWater)
+	}
+}
