@@ -436,6 +436,14 @@ func (w *Watcher) run(ctx context.Context, initPending uint64) {
 	if !initDone && initPending == 0 && !endInit() {
 		return
 	}
+	// consumerSeq is the consumer sequence of the last message read: one
+	// not above it comes from a consumer nats.go's ordered consumer made
+	// again (after a reconnect or a server restart) from the last message
+	// it handed over. That one delivers every message after it, superseded
+	// revisions too, so the initial values still to come are counted again
+	// from its pending count (the marker may come a little late, never
+	// before the latest value of every key).
+	var consumerSeq uint64
 	for {
 		w.mu.Lock()
 		it, reads := w.it, w.reads
@@ -469,6 +477,7 @@ func (w *Watcher) run(ctx context.Context, initPending uint64) {
 				if !ok {
 					return
 				}
+				consumerSeq = 0
 				if fresh {
 					received, initPending = 0, pending
 					if !initDone && pending == 0 && !endInit() {
@@ -497,7 +506,7 @@ func (w *Watcher) run(ctx context.Context, initPending uint64) {
 			if o.resyncMarker && !send(&Entry{Resync: true}) {
 				return
 			}
-			initDone, received, again = false, 0, map[string]bool{}
+			initDone, received, again, consumerSeq = false, 0, map[string]bool{}, 0
 			if pending == 0 && !endInit() {
 				return
 			}
@@ -534,8 +543,13 @@ func (w *Watcher) run(ctx context.Context, initPending uint64) {
 				return
 			}
 		}
+		recreated := meta.Sequence.Consumer <= consumerSeq
+		consumerSeq = meta.Sequence.Consumer
 		if !initDone {
 			received++
+			if recreated {
+				initPending = received + meta.NumPending
+			}
 			if (received >= initPending || meta.NumPending == 0) && !endInit() {
 				return
 			}
@@ -704,7 +718,9 @@ func (w *Watcher) regressed(ctx context.Context) (bool, error) {
 	case st.LastSeq == seq && st.LastTime.Equal(at):
 		return false, nil
 	}
-	m, err := w.k.stream.GetMsg(ctx, seq)
+	// From the leader: a replica behind on a direct-get bucket would miss
+	// the message and make it look lost.
+	m, err := w.k.leaderGet(ctx, seq, "")
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		// The message is gone: a newer write of its key replaced it (or
 		// a purge marker did), both at a higher sequence. If the key's
@@ -713,7 +729,7 @@ func (w *Watcher) regressed(ctx context.Context) (bool, error) {
 		// the stream's new end, and the sequences after it were handed
 		// out again: a history-1 bucket drops the message that would
 		// have shown it (found writing again after a restore).
-		last, err := w.k.stream.GetLastMsgForSubject(ctx, subject)
+		last, err := w.k.leaderGet(ctx, 0, subject)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return true, nil
 		}
