@@ -587,14 +587,18 @@ func haveIn(hs []*composerv1.Have, module string) *composerv1.Have {
 }
 
 // waitAttempt waits until module's attempt has the state and code.
-func (r *running) waitAttempt(t testing.TB, module string, st composerv1.AttemptState, code composerv1.ReasonCode) *composerv1.Attempt {
+func (r *running) waitAttempt(t testing.TB, module string, st composerv1.AttemptState, code composerv1.ReasonCode, words ...string) *composerv1.Attempt {
 	t.Helper()
 	var got *composerv1.Attempt
-	eventually(t, fmt.Sprintf("%s %v %v", module, st, code), func() (bool, string) {
+	eventually(t, fmt.Sprintf("%s %v %v %q", module, st, code, words), func() (bool, string) {
 		s := r.status(t)
 		h := haveOf(s, module)
 		got = h.GetAttempt()
-		return got.GetState() == st && got.GetReasonCode() == code, fmt.Sprintf("haves %v", s.GetHaves())
+		ok := got.GetState() == st && got.GetReasonCode() == code
+		for _, w := range words {
+			ok = ok && strings.Contains(got.GetReason(), w)
+		}
+		return ok, fmt.Sprintf("haves %v", s.GetHaves())
 	})
 	return got
 }
