@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -162,6 +163,70 @@ func (w *unitWorld) have(m string) *composerv1.Have {
 	return nil
 }
 
+// revokeSigningKey offers keyset version 2, in which the key the
+// manifests were signed with so far is REVOKED and a new one ACTIVE; the new
+// one signs from then on. It returns the old key and the keyset (to offer
+// again).
+func (w *unitWorld) revokeSigningKey() (old ed25519.PrivateKey, keyset *typev1.Envelope) {
+	t := w.t
+	old, next := w.tr.SigningKey, testutil.NewKey(t)
+	ks := &typev1.Keyset{Version: 2, IssuedAt: timestamppb.New(w.now), ExpiresAt: timestamppb.New(w.now.Add(24 * time.Hour)),
+		Keys: []*typev1.KeysetKey{
+			testutil.KeysetKeyOf(old, typev1.KeyState_KEY_STATE_REVOKED, w.now.Add(-time.Hour), w.now.Add(time.Hour)),
+			testutil.KeysetKeyOf(next, typev1.KeyState_KEY_STATE_ACTIVE, w.now.Add(-time.Hour), w.now.Add(24*time.Hour)),
+		}}
+	keyset = w.tr.SignKeyset(t, ks, w.tr.RootKeys...)
+	w.e.OfferKeyset(keyset)
+	w.tr.SigningKey, w.ks = next, 2
+	return old, keyset
+}
+
+// restartWithKeysetUnreadable stops the engine, makes its kept keyset
+// section unreadable and starts it again.
+func (w *unitWorld) restartWithKeysetUnreadable() {
+	t := w.t
+	w.e.Close()
+	if err := w.db.Bolt().Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte(state.SectionKeyset)).Put([]byte(state.SectionKeyset), []byte("garbage"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	w.db.Close()
+	w.start()
+}
+
+// stopApply is what an engine's AfterOp panics with to stop an apply.
+type stopApply struct{}
+
+// restartStoppingAfter restarts the engine so that its applies stop (as a
+// kill would) after n ops.
+func (w *unitWorld) restartStoppingAfter(n int) {
+	w.e.Close()
+	w.db.Close()
+	w.after = func(done, _ int) {
+		if done == n {
+			panic(stopApply{})
+		}
+	}
+	w.start()
+}
+
+// offerStopped offers the next manifest and fails unless its apply is
+// stopped (see restartStoppingAfter); the engine is then as a kill leaves
+// it, journal kept.
+func (w *unitWorld) offerStopped(wants ...*typev1.Want) {
+	t := w.t
+	defer func() {
+		if p := recover(); p != nil {
+			if _, ok := p.(stopApply); !ok {
+				panic(p)
+			}
+		}
+	}()
+	w.offer(wants...)
+	t.Fatal("the apply was not stopped")
+}
+
 func revFile(id, module, p, content string) *typev1.Resource {
 	return &typev1.Resource{Id: id, Module: module, Type: typev1.ResourceType_RESOURCE_TYPE_FILE, Path: p, Mode: 0o644,
 		Content: &typev1.Resource_Inline{Inline: []byte(content)}}
@@ -250,14 +315,7 @@ func TestHeldCompositionByARevokedKeyIsFetchedAgain(t *testing.T) {
 		t.Fatalf("not applied: %v", h)
 	}
 	// Keyset v2: the first key revoked, a new one active.
-	k2 := testutil.NewKey(t)
-	ks := &typev1.Keyset{Version: 2, IssuedAt: timestamppb.New(w.now), ExpiresAt: timestamppb.New(w.now.Add(24 * time.Hour)),
-		Keys: []*typev1.KeysetKey{
-			testutil.KeysetKeyOf(w.tr.SigningKey, typev1.KeyState_KEY_STATE_REVOKED, w.now.Add(-time.Hour), w.now.Add(time.Hour)),
-			testutil.KeysetKeyOf(k2, typev1.KeyState_KEY_STATE_ACTIVE, w.now.Add(-time.Hour), w.now.Add(24*time.Hour)),
-		}}
-	w.e.OfferKeyset(w.tr.SignKeyset(t, ks, w.tr.RootKeys...))
-	w.tr.SigningKey = k2
+	w.revokeSigningKey()
 	// The composer serves nothing new; a manifest by the new key names the
 	// same composition digest, whose only signature is the revoked key's.
 	w.comp.comps = map[string]*typev1.Envelope{}
@@ -304,31 +362,17 @@ func TestHeldCompositionByARevokedKeyIsFetchedAgain(t *testing.T) {
 // lifts it.
 func TestOlderKeysetDoesNotRepairAnUnreadableKeysetSection(t *testing.T) {
 	w := newUnitWorld(t)
-	k1 := w.tr.SigningKey
 	_, own1 := w.composition(names.NodeModule, "", true, revFile("net:conf", "", "/srv/net/conf", "one\n"))
 	w.offer(own1)
-	k2 := testutil.NewKey(t)
-	ks := &typev1.Keyset{Version: 2, IssuedAt: timestamppb.New(w.now), ExpiresAt: timestamppb.New(w.now.Add(24 * time.Hour)),
-		Keys: []*typev1.KeysetKey{
-			testutil.KeysetKeyOf(k1, typev1.KeyState_KEY_STATE_REVOKED, w.now.Add(-time.Hour), w.now.Add(time.Hour)),
-			testutil.KeysetKeyOf(k2, typev1.KeyState_KEY_STATE_ACTIVE, w.now.Add(-time.Hour), w.now.Add(24*time.Hour)),
-		}}
-	w.e.OfferKeyset(w.tr.SignKeyset(t, ks, w.tr.RootKeys...))
-	w.tr.SigningKey, w.ks = k2, 2
+	k1, ks := w.revokeSigningKey()
+	k2 := w.tr.SigningKey
 	_, own2 := w.composition(names.NodeModule, "", true, revFile("net:conf", "", "/srv/net/conf", "two\n"))
 	w.offer(own2)
 	if v := w.e.Status().GetKeysetVersion(); v != 2 {
 		t.Fatalf("keyset version %d", v)
 	}
 	// Stop; the keyset section becomes unreadable; start again.
-	w.e.Close()
-	if err := w.db.Bolt().Update(func(tx *bolt.Tx) error {
-		return tx.Bucket([]byte(state.SectionKeyset)).Put([]byte(state.SectionKeyset), []byte("garbage"))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	w.db.Close()
-	w.start()
+	w.restartWithKeysetUnreadable()
 	// The old keyset v1 is offered again (a replay), then a manifest signed
 	// by k1, which v2 revoked.
 	w.e.OfferKeyset(w.tr.KeysetEnvelope)
@@ -344,7 +388,7 @@ func TestOlderKeysetDoesNotRepairAnUnreadableKeysetSection(t *testing.T) {
 		t.Fatal("the older keyset lifted the block")
 	}
 	// Version 2, at least as new as the applied manifest's, repairs it.
-	w.e.OfferKeyset(w.tr.SignKeyset(t, ks, w.tr.RootKeys...))
+	w.e.OfferKeyset(ks)
 	w.tr.SigningKey = k2
 	_, own4 := w.composition(names.NodeModule, "", true, revFile("net:conf", "", "/srv/net/conf", "four\n"))
 	w.offer(own4)
@@ -360,39 +404,14 @@ func TestOlderKeysetDoesNotRepairAnUnreadableKeysetSection(t *testing.T) {
 // and the engine then refused its own files as unmanaged).
 func TestHalfDoneApplyFinishedOnceTheBlockLifts(t *testing.T) {
 	w := newUnitWorld(t)
-	type stop struct{}
-	w.e.Close()
-	w.db.Close()
-	w.after = func(done, total int) {
-		if done == 2 {
-			panic(stop{})
-		}
-	}
-	w.start()
+	w.restartStoppingAfter(2)
 	w.e.OfferKeyset(w.tr.KeysetEnvelope)
 	_, own := w.composition(names.NodeModule, "", true,
 		revFile("net:a", "", "/srv/net/a", "a\n"), revFile("net:b", "", "/srv/net/b", "b\n"))
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				if _, ok := p.(stop); !ok {
-					panic(p)
-				}
-			}
-		}()
-		w.offer(own)
-		t.Fatal("the apply was not stopped")
-	}()
+	w.offerStopped(own)
 	w.rev-- // the same manifest is offered again after the restart
-	w.e.Close()
-	if err := w.db.Bolt().Update(func(tx *bolt.Tx) error {
-		return tx.Bucket([]byte(state.SectionKeyset)).Put([]byte(state.SectionKeyset), []byte("garbage"))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	w.db.Close()
 	w.after = nil
-	w.start()
+	w.restartWithKeysetUnreadable()
 	w.e.OfferKeyset(w.tr.KeysetEnvelope)
 	w.offer(own)
 	b, err := os.ReadFile(filepath.Join(w.root, "srv", "net", "b"))
