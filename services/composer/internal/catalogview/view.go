@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"mesh.dev/internal/canonical"
+	"mesh.dev/internal/flight"
 	"mesh.dev/internal/names"
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
@@ -56,6 +57,9 @@ type View struct {
 	cacheMu sync.Mutex
 	entries map[string]*pass.Release
 	builds  map[string]*catalogv1.Build
+	// askingEntries and askingBuilds hold the catalog calls in flight.
+	askingEntries flight.Group[string, *pass.Release]
+	askingBuilds  flight.Group[string, *catalogv1.Build]
 }
 
 var _ pass.Catalog = (*View)(nil)
@@ -252,14 +256,31 @@ func (v *View) Registrations() []*catalogv1.Registration {
 const callTimeout = 30 * time.Second
 
 // Entry returns a fingerprint's entry and decoded manifest, checking that
-// the fingerprint recomputes from the entry.
+// the fingerprint recomputes from the entry. Passes asking at once for one
+// fingerprint not cached yet (every worker, at a fleet-wide change) share
+// one catalog call.
 func (v *View) Entry(ctx context.Context, fp string) (*pass.Release, error) {
-	v.cacheMu.Lock()
-	rel, ok := v.entries[fp]
-	v.cacheMu.Unlock()
-	if ok {
+	if rel, ok := v.cachedEntry(fp); ok {
 		return rel, nil
 	}
+	return v.askingEntries.Do(ctx, fp, func() (*pass.Release, error) {
+		// A call that ended between the miss above and this one filled
+		// the cache before it stopped being in flight.
+		if rel, ok := v.cachedEntry(fp); ok {
+			return rel, nil
+		}
+		return v.fetchEntry(ctx, fp)
+	})
+}
+
+func (v *View) cachedEntry(fp string) (*pass.Release, bool) {
+	v.cacheMu.Lock()
+	defer v.cacheMu.Unlock()
+	rel, ok := v.entries[fp]
+	return rel, ok
+}
+
+func (v *View) fetchEntry(ctx context.Context, fp string) (*pass.Release, error) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	resp, err := v.client.GetEntry(cctx, &catalogv1.GetEntryRequest{Fingerprint: fp})
@@ -277,21 +298,35 @@ func (v *View) Entry(ctx context.Context, fp string) (*pass.Release, error) {
 	if err := canonical.Decode(e.GetManifest(), m); err != nil {
 		return nil, fmt.Errorf("catalog entry %s: %w", fp, err)
 	}
-	rel = &pass.Release{Entry: e, Manifest: m}
+	rel := &pass.Release{Entry: e, Manifest: m}
 	v.cacheMu.Lock()
 	v.entries[fp] = rel
 	v.cacheMu.Unlock()
 	return rel, nil
 }
 
-// Build returns a fingerprint's build; DONE builds are cached.
+// Build returns a fingerprint's build; DONE builds are cached. Passes
+// asking at once share one catalog call, as for Entry.
 func (v *View) Build(ctx context.Context, fp string) (*catalogv1.Build, error) {
-	v.cacheMu.Lock()
-	b, ok := v.builds[fp]
-	v.cacheMu.Unlock()
-	if ok {
+	if b, ok := v.cachedBuild(fp); ok {
 		return b, nil
 	}
+	return v.askingBuilds.Do(ctx, fp, func() (*catalogv1.Build, error) {
+		if b, ok := v.cachedBuild(fp); ok {
+			return b, nil
+		}
+		return v.fetchBuild(ctx, fp)
+	})
+}
+
+func (v *View) cachedBuild(fp string) (*catalogv1.Build, bool) {
+	v.cacheMu.Lock()
+	defer v.cacheMu.Unlock()
+	b, ok := v.builds[fp]
+	return b, ok
+}
+
+func (v *View) fetchBuild(ctx context.Context, fp string) (*catalogv1.Build, error) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	resp, err := v.client.GetBuild(cctx, &catalogv1.GetBuildRequest{Fingerprint: fp})
@@ -301,7 +336,7 @@ func (v *View) Build(ctx context.Context, fp string) (*catalogv1.Build, error) {
 	if err != nil {
 		return nil, fmt.Errorf("catalog GetBuild %s: %w", fp, err)
 	}
-	b = resp.GetBuild()
+	b := resp.GetBuild()
 	if b.GetState() == catalogv1.BuildState_BUILD_STATE_DONE {
 		v.cacheMu.Lock()
 		v.builds[fp] = b

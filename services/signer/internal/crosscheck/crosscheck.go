@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"mesh.dev/internal/canonical"
+	"mesh.dev/internal/flight"
 	"mesh.dev/internal/names"
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
@@ -50,7 +51,7 @@ type Checker struct {
 	// asking holds the lookups in flight: requests arriving together for a
 	// fingerprint not cached yet (every batch of a fleet-wide change) wait
 	// for one lookup instead of each asking the catalog.
-	asking map[string]*lookupCall
+	asking flight.Group[string, *released]
 	// maxCache bounds the cache; when full it is cleared (entries are cheap
 	// to ask again, and a bound matters more than a perfect policy here).
 	maxCache int
@@ -60,49 +61,35 @@ var _ service.Checker = (*Checker)(nil)
 
 // New returns a Checker.
 func New(catalog Catalog) *Checker {
-	return &Checker{catalog: catalog, cache: map[string]*released{}, asking: map[string]*lookupCall{}, maxCache: 10000}
+	return &Checker{catalog: catalog, cache: map[string]*released{}, maxCache: 10000}
 }
 
 // errRefused marks a composition or want the catalog does not back.
 var errRefused = errors.New("not released")
 
-// lookupCall is a lookup in flight; done is closed once r or err is set.
-type lookupCall struct {
-	done chan struct{}
-	r    *released
-	err  error
-}
-
 func (c *Checker) lookup(ctx context.Context, fp string) (*released, error) {
-	c.mu.Lock()
-	r, ok := c.cache[fp]
-	if ok {
-		c.mu.Unlock()
+	if r, ok := c.cached(fp); ok {
 		return r, nil
 	}
-	if call, ok := c.asking[fp]; ok {
-		c.mu.Unlock()
-		select {
-		case <-call.done:
-			if call.err == nil {
-				return call.r, nil
-			}
-			// It failed, maybe only for its caller (a deadline): ask
-			// again for this one.
-			return c.fetch(ctx, fp)
-		case <-ctx.Done():
-			return nil, catalogErr("entry", fp, ctx.Err())
+	r, err := c.asking.Do(ctx, fp, func() (*released, error) {
+		// A lookup that ended between the miss above and this call
+		// filled the cache before it stopped being in flight.
+		if r, ok := c.cached(fp); ok {
+			return r, nil
 		}
+		return c.fetch(ctx, fp)
+	})
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return nil, catalogErr("entry", fp, err)
 	}
-	call := &lookupCall{done: make(chan struct{})}
-	c.asking[fp] = call
-	c.mu.Unlock()
-	call.r, call.err = c.fetch(ctx, fp)
+	return r, err
+}
+
+func (c *Checker) cached(fp string) (*released, bool) {
 	c.mu.Lock()
-	delete(c.asking, fp)
-	c.mu.Unlock()
-	close(call.done)
-	return call.r, call.err
+	defer c.mu.Unlock()
+	r, ok := c.cache[fp]
+	return r, ok
 }
 
 // fetch asks the catalog for a fingerprint's entry and build, and caches

@@ -47,10 +47,7 @@ func TestLookupsOfOneFingerprintShareOneAsk(t *testing.T) {
 	// Every caller is either the one asking or waiting for it once the
 	// ask is in flight; then the catalog answers.
 	for {
-		c.mu.Lock()
-		_, inFlight := c.asking[fp]
-		c.mu.Unlock()
-		if inFlight {
+		if inFlight, _ := c.asking.InFlight(fp); inFlight {
 			break
 		}
 		runtime.Gosched()

@@ -1,0 +1,83 @@
+// Package flight makes callers that ask for one key at the same moment
+// share one call: a fleet-wide change makes every composer worker and every
+// signing batch ask the catalog for the same new fingerprint at once.
+package flight
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// errPanicked is what waiters see of a call whose fn panicked (its caller
+// sees the panic): they then call fn themselves.
+var errPanicked = errors.New("the shared call panicked")
+
+// Group holds the calls in flight by key. The zero value is ready to use.
+type Group[K comparable, V any] struct {
+	mu    sync.Mutex
+	calls map[K]*call[V]
+}
+
+type call[V any] struct {
+	done chan struct{}
+	// waiters counts the callers waiting on it (tests read it).
+	waiters int
+	v       V
+	err     error
+}
+
+// Do returns fn's result for key. When a call for key is already in flight
+// it waits for that call instead of calling fn, and takes its value; a
+// shared call that failed is not taken (its error may be its caller's own,
+// a deadline say): the waiter then calls fn itself. A waiter whose ctx ends
+// first returns ctx's error. fn runs under its caller's context, which it
+// should capture itself.
+func (g *Group[K, V]) Do(ctx context.Context, key K, fn func() (V, error)) (V, error) {
+	g.mu.Lock()
+	if c, ok := g.calls[key]; ok {
+		c.waiters++
+		g.mu.Unlock()
+		select {
+		case <-c.done:
+			if c.err == nil {
+				return c.v, nil
+			}
+			return fn()
+		case <-ctx.Done():
+			var zero V
+			return zero, ctx.Err()
+		}
+	}
+	if g.calls == nil {
+		g.calls = map[K]*call[V]{}
+	}
+	c := &call[V]{done: make(chan struct{})}
+	g.calls[key] = c
+	g.mu.Unlock()
+	finished := false
+	defer func() {
+		if !finished {
+			c.err = errPanicked
+		}
+		g.mu.Lock()
+		delete(g.calls, key)
+		g.mu.Unlock()
+		close(c.done)
+	}()
+	c.v, c.err = fn()
+	finished = true
+	return c.v, c.err
+}
+
+// InFlight reports whether a call for key is in flight, and how many
+// callers wait on it.
+func (g *Group[K, V]) InFlight(key K) (bool, int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c, ok := g.calls[key]
+	if !ok {
+		return false, 0
+	}
+	return true, c.waiters
+}

@@ -1,0 +1,132 @@
+package flight
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// inFlight starts a call for key that blocks until release is closed and
+// returns once it is in flight.
+func inFlight(t *testing.T, g *Group[string, int], key string, v int, err error, release chan struct{}) <-chan error {
+	t.Helper()
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		got, gotErr := g.Do(context.Background(), key, func() (int, error) {
+			close(started)
+			<-release
+			return v, err
+		})
+		if gotErr == nil && got != v {
+			gotErr = errors.New("the caller got another value")
+		}
+		done <- gotErr
+	}()
+	<-started
+	return done
+}
+
+func TestWaitersShareTheCall(t *testing.T) {
+	t.Parallel()
+	var g Group[string, int]
+	release := make(chan struct{})
+	first := inFlight(t, &g, "fp", 7, nil, release)
+	var calls atomic.Int32
+	var wg sync.WaitGroup
+	got := make([]int, 8)
+	for i := range got {
+		wg.Go(func() {
+			got[i], _ = g.Do(context.Background(), "fp", func() (int, error) { calls.Add(1); return -1, nil })
+		})
+	}
+	// Released only once every waiter waits on the call.
+	for {
+		if _, n := g.InFlight("fp"); n == len(got) {
+			break
+		}
+		runtime.Gosched()
+	}
+	close(release)
+	wg.Wait()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got {
+		if v != 7 {
+			t.Fatalf("waiter %d got %d, want the shared call's 7", i, v)
+		}
+	}
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("%d waiters called fn themselves", n)
+	}
+	// Nothing is kept after the call: the next one calls again.
+	v, err := g.Do(context.Background(), "fp", func() (int, error) { return 9, nil })
+	if err != nil || v != 9 {
+		t.Fatalf("a call after the shared one: %d, %v; want 9", v, err)
+	}
+}
+
+func TestFailedCallIsNotShared(t *testing.T) {
+	t.Parallel()
+	var g Group[string, int]
+	release := make(chan struct{})
+	first := inFlight(t, &g, "fp", 0, context.DeadlineExceeded, release)
+	got := make(chan int, 1)
+	go func() {
+		v, _ := g.Do(context.Background(), "fp", func() (int, error) { return 5, nil })
+		got <- v
+	}()
+	close(release)
+	if err := <-first; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("first caller: %v, want its own error", err)
+	}
+	if v := <-got; v != 5 {
+		t.Fatalf("waiter after a failed call got %d, want its own call's 5", v)
+	}
+}
+
+func TestWaiterContextEnds(t *testing.T) {
+	t.Parallel()
+	var g Group[string, int]
+	release := make(chan struct{})
+	defer close(release)
+	inFlight(t, &g, "fp", 1, nil, release)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := g.Do(ctx, "fp", func() (int, error) { return 2, nil }); !errors.Is(err, context.Canceled) {
+		t.Fatalf("waiter with an ended context: %v, want context.Canceled", err)
+	}
+}
+
+func TestPanicIsNotShared(t *testing.T) {
+	t.Parallel()
+	var g Group[string, int]
+	release := make(chan struct{})
+	started := make(chan struct{})
+	panicked := make(chan any, 1)
+	go func() {
+		defer func() { panicked <- recover() }()
+		g.Do(context.Background(), "fp", func() (int, error) {
+			close(started)
+			<-release
+			panic("boom")
+		})
+	}()
+	<-started
+	got := make(chan int, 1)
+	go func() {
+		v, _ := g.Do(context.Background(), "fp", func() (int, error) { return 3, nil })
+		got <- v
+	}()
+	close(release)
+	if p := <-panicked; p != "boom" {
+		t.Fatalf("the caller's panic: %v", p)
+	}
+	if v := <-got; v != 3 {
+		t.Fatalf("waiter after a panicked call got %d, want its own call's 3", v)
+	}
+}
