@@ -31,11 +31,13 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config says how one service's telemetry is set up. The zero value is usable:
-// JSON logs at info level to stderr, spans created but not exported, metrics
-// kept but not served.
+// JSON logs at info level to stderr, spans given IDs that logs carry and
+// propagation passes on but neither recorded nor exported, metrics kept but
+// not served.
 type Config struct {
 	// ServiceName is the service.name resource attribute and the "service"
 	// field of every log line; OTEL_SERVICE_NAME overrides it.
@@ -69,8 +71,10 @@ type Telemetry struct {
 	// Logger writes JSON lines carrying the service name and, when the
 	// context of a record holds a span, its trace_id and span_id.
 	Logger *slog.Logger
-	// TracerProvider creates this service's spans.
-	TracerProvider *sdktrace.TracerProvider
+	// TracerProvider creates this service's spans: the SDK's when anything
+	// exports or processes them, else one that records nothing but still
+	// gives each span its IDs (see stampingProvider).
+	TracerProvider trace.TracerProvider
 	// MeterProvider creates this service's instruments.
 	MeterProvider *sdkmetric.MeterProvider
 	// Registry is the Prometheus registry served at /metrics; it holds the
@@ -119,6 +123,7 @@ func setup(ctx context.Context, cfg Config, getenv func(string) string) (_ *Tele
 	}()
 
 	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	recorded := false
 	wantOTLPTraces, err := exporterWanted(getenv, "TRACES")
 	if err != nil {
 		return nil, err
@@ -129,16 +134,22 @@ func setup(ctx context.Context, cfg Config, getenv func(string) string) (_ *Tele
 			return nil, fmt.Errorf("otlp trace exporter: %w", err)
 		}
 		tpOpts = append(tpOpts, sdktrace.WithBatcher(exp))
+		recorded = true
 	}
 	if cfg.SpanExporter != nil {
 		tpOpts = append(tpOpts, sdktrace.WithBatcher(cfg.SpanExporter))
+		recorded = true
 	}
 	if cfg.SpanProcessor != nil {
 		tpOpts = append(tpOpts, sdktrace.WithSpanProcessor(cfg.SpanProcessor))
+		recorded = true
 	}
 	// The sampler is left to the SDK, which reads OTEL_TRACES_SAMPLER itself
 	// and defaults to parentbased_always_on.
-	t.TracerProvider = sdktrace.NewTracerProvider(tpOpts...)
+	t.TracerProvider = stampingProvider{}
+	if recorded {
+		t.TracerProvider = sdktrace.NewTracerProvider(tpOpts...)
+	}
 
 	t.Registry = prometheus.NewRegistry()
 	if err := t.Registry.Register(collectors.NewGoCollector()); err != nil {
@@ -282,8 +293,8 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 			}
 			<-t.metricsDone
 		}
-		if t.TracerProvider != nil {
-			if err := t.TracerProvider.Shutdown(ctx); err != nil {
+		if tp, ok := t.TracerProvider.(*sdktrace.TracerProvider); ok {
+			if err := tp.Shutdown(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("tracer provider: %w", err))
 			}
 		}

@@ -490,3 +490,42 @@ func TestSDKErrorsLoggedOncePerWhile(t *testing.T) {
 		t.Errorf("another error was not logged:\n%s", buf.String())
 	}
 }
+
+// TestSpansWithNothingExportingRecordNothing: with no exporter and no
+// processor a span records nothing, yet carries IDs of its own under its
+// parent's trace, and its trace context passes on as a traceparent.
+func TestSpansWithNothingExportingRecordNothing(t *testing.T) {
+	t.Parallel()
+	tel := newTelemetry(t, Config{ServiceName: "quiet", LogOutput: io.Discard})
+	if _, ok := tel.TracerProvider.(*sdktrace.TracerProvider); ok {
+		t.Fatal("the SDK's provider with nothing to export to")
+	}
+	tr := tel.TracerProvider.Tracer("test")
+	ctx, root := tr.Start(t.Context(), "root")
+	if root.IsRecording() {
+		t.Error("a span records with nothing exporting")
+	}
+	rsc := root.SpanContext()
+	if !rsc.IsValid() || !rsc.IsSampled() {
+		t.Fatalf("root span context %v: want valid and sampled", rsc)
+	}
+	cctx, child := tr.Start(ctx, "child")
+	csc := child.SpanContext()
+	if csc.TraceID() != rsc.TraceID() || csc.SpanID() == rsc.SpanID() || !csc.SpanID().IsValid() {
+		t.Fatalf("child %v of root %v: want the root's trace with a span ID of its own", csc, rsc)
+	}
+	tp, _ := Traceparent(cctx)
+	if want := "00-" + rsc.TraceID().String() + "-" + csc.SpanID().String() + "-01"; tp != want {
+		t.Fatalf("traceparent %q, want %q", tp, want)
+	}
+	// A remote parent not sampled stays not sampled.
+	remote := ContextWithTraceparent(t.Context(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00", "")
+	_, sp := tr.Start(remote, "remote child")
+	if sc := sp.SpanContext(); sc.IsSampled() || sc.TraceID().String() != "0af7651916cd43dd8448eb211c80319c" {
+		t.Fatalf("child of an unsampled remote parent: %v", sc)
+	}
+	_, other := tr.Start(ctx, "new root", trace.WithNewRoot())
+	if other.SpanContext().TraceID() == rsc.TraceID() {
+		t.Fatal("WithNewRoot kept the parent's trace")
+	}
+}
