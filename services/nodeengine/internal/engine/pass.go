@@ -181,15 +181,18 @@ func (e *Engine) replay(ctx context.Context, j *state.Journal) {
 	e.takeResultLocked(j, res)
 }
 
-// takeResultLocked makes a committed apply the engine's kept state.
+// takeResultLocked makes a committed apply of journal j (a replay) the
+// engine's kept state, its manifest and compositions decoded from the
+// journal's bytes.
 func (e *Engine) takeResultLocked(j *state.Journal, res *apply.Result) {
-	e.ledger = res.Ledger
+	var manifest *typev1.Envelope
 	if len(j.Manifest) > 0 {
 		env := &typev1.Envelope{}
 		if proto.Unmarshal(j.Manifest, env) == nil {
-			e.applied.Manifest = env
+			manifest = env
 		}
 	}
+	comps := map[string]*apply.Composition{}
 	for m := range res.Applied {
 		env := &typev1.Envelope{}
 		if proto.Unmarshal(j.Compositions[m], env) != nil {
@@ -199,13 +202,32 @@ func (e *Engine) takeResultLocked(j *state.Journal, res *apply.Result) {
 		if envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, c) != nil {
 			continue
 		}
+		comps[m] = &apply.Composition{Module: m, Comp: c, Env: env}
+	}
+	e.takeAppliedLocked(manifest, comps, j.Drop, res)
+}
+
+// takeAppliedLocked makes a committed apply the engine's kept state: the
+// manifest (nil when the apply did not record one), and of the
+// compositions in effect those the result records applied, as the pass
+// holds them decoded (the journal's bytes are the same envelopes).
+func (e *Engine) takeAppliedLocked(manifest *typev1.Envelope, inEffect map[string]*apply.Composition, drop []string, res *apply.Result) {
+	e.ledger = res.Ledger
+	if manifest != nil {
+		e.applied.Manifest = manifest
+	}
+	for m := range res.Applied {
+		c, ok := inEffect[m]
+		if !ok || c.Env == nil || c.Comp == nil {
+			continue
+		}
 		if e.applied.Compositions == nil {
 			e.applied.Compositions = map[string]*typev1.Envelope{}
 		}
-		e.applied.Compositions[m] = env
-		e.appliedComps[m] = c
+		e.applied.Compositions[m] = c.Env
+		e.appliedComps[m] = c.Comp
 	}
-	for _, m := range j.Drop {
+	for _, m := range drop {
 		delete(e.applied.Compositions, m)
 		delete(e.appliedComps, m)
 	}
@@ -806,7 +828,7 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		e.mu.Unlock()
 		return out, prep.Drift, prep.Notes
 	}
-	e.takeResultLocked(&state.Journal{Manifest: journalManifest(meta.Manifest), Compositions: envBytes(inEffect), Drop: meta.Drop}, res)
+	e.takeAppliedLocked(meta.Manifest, inEffect, meta.Drop, res)
 	e.mu.Unlock()
 	for m, f := range res.Failed {
 		out[m] = &outcome{state: stateFailed, code: f.Code, reason: f.Reason, want: wantOf[m]}
@@ -849,23 +871,6 @@ func (e *Engine) recorded(lv *live, fresh bool, inEffect map[string]*apply.Compo
 		}
 	}
 	return true
-}
-
-func journalManifest(env *typev1.Envelope) []byte {
-	if env == nil {
-		return nil
-	}
-	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(env)
-	return b
-}
-
-func envBytes(in map[string]*apply.Composition) map[string][]byte {
-	out := map[string][]byte{}
-	for m, c := range in {
-		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(c.Env)
-		out[m] = b
-	}
-	return out
 }
 
 // partsApplied returns the artifact parts an applied composition was
