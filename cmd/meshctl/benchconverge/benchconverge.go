@@ -11,6 +11,9 @@ package benchconverge
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -105,6 +108,33 @@ type Result struct {
 	// bytes.
 	Verify     time.Duration
 	VerifySize int
+	// RawCPU is the CPU the raw baseline's timed writes took (the mesh's
+	// background rate just before taken out).
+	RawCPU time.Duration
+	// Apply is an engine's apply of the change on its own (its files
+	// written and fsynced through temp files, journal and commit), Sign
+	// one ed25519 signature as the signer makes it and SigVerify one
+	// check of it, as the engine makes of a manifest: each measured alone
+	// in this run.
+	Apply, Sign, SigVerify time.Duration
+	// Cores is how many cores the process may use.
+	Cores int
+}
+
+// Floor is the CPU of the work a change cannot skip, each part measured
+// alone in this run: every engine's apply and verification of its
+// composition and manifest, two signatures per node, and the change's KV
+// writes done raw. Composing, the Sync streams, the RPCs that carry the
+// compositions and entries, and the engines' reports come on top.
+func (r *Result) Floor() time.Duration {
+	n := time.Duration(r.Engines)
+	return n*(r.Apply+r.Verify+r.SigVerify) + 2*n*r.Sign + r.RawCPU
+}
+
+// FloorWall is the floor spread over every core: no change on this machine
+// can reach 100 % applied sooner, nor p99 much sooner.
+func (r *Result) FloorWall() time.Duration {
+	return r.Floor() / time.Duration(max(1, r.Cores))
 }
 
 // Percentile returns the p-th percentile (0 < p ≤ 100) of the applied
@@ -164,6 +194,9 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		return nil, fmt.Errorf("verify cost: %w", err)
 	}
 	res.Verify, res.VerifySize = verify, size
+	if err := measureFloor(res, o.NodesDir); err != nil {
+		return nil, err
+	}
 
 	var spans *spanTotals
 	var exporter sdktrace.SpanExporter
@@ -262,11 +295,13 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	}
 
 	// The raw baseline: the change's writes again, straight to JetStream.
-	raw, n, err := b.rawBaseline(ctx, fp1)
+	// The mesh may still be busy with the change's follow-ups: its rate
+	// of CPU just before is taken out of the raw writes' CPU.
+	raw, n, rawCPU, err := b.rawBaseline(ctx, fp1)
 	if err != nil {
 		return nil, fmt.Errorf("raw baseline: %w", err)
 	}
-	res.Raw, res.RawWrites = raw, n
+	res.Raw, res.RawWrites, res.RawCPU = raw, n, rawCPU
 	report(w, res, o)
 	// Stopping flushes the spans still batched.
 	m.Stop()
@@ -370,6 +405,16 @@ func report(w io.Writer, r *Result, o Options) {
 		fmt.Fprintf(w, "  p99 = %.2f× the baseline, 100 %% = %.2f× the baseline\n", float64(r.Percentile(99))/float64(r.Raw), float64(r.All())/float64(r.Raw))
 	}
 	fmt.Fprintf(w, "engine verify cost per %d-byte composition: %s\n", r.VerifySize, r.Verify.Round(100*time.Nanosecond))
+	if r.Apply > 0 {
+		us := func(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d.Nanoseconds())/1000) }
+		fmt.Fprintf(w, "floor (same run, each part alone): per engine its apply %s (%d files: temp, fsync, rename; journal, commit) and verify %s + manifest signature %s; per node 2 signatures of %s; the raw KV writes %.2f CPU-s\n",
+			us(r.Apply), benchFiles, us(r.Verify), us(r.SigVerify), us(r.Sign), r.RawCPU.Seconds())
+		fmt.Fprintf(w, "  = %.2f CPU-s, %s on %d cores before composing, Sync, RPCs or reports: the change cannot be applied everywhere sooner here\n",
+			r.Floor().Seconds(), ms(r.FloorWall()), r.Cores)
+		if r.CPU > 0 {
+			fmt.Fprintf(w, "  the mesh used %.1f× the floor's CPU\n", r.CPU.Seconds()/r.Floor().Seconds())
+		}
+	}
 	target := "p99 and 100 % each ≤ 2× the raw baseline"
 	if r.LazySync {
 		target = "p99 ≤ 500 ms"
@@ -710,20 +755,20 @@ func (b *bench) watchAssignments(ctx context.Context, fp string) *assignmentsWat
 // with as many writers as the composer has workers: per node a create of
 // the composition, a create of its record and an update of the assignment
 // (the keys exist before, as the assignments did), as the pass does.
-func (b *bench) rawBaseline(ctx context.Context, fp string) (time.Duration, int, error) {
+func (b *bench) rawBaseline(ctx context.Context, fp string) (time.Duration, int, time.Duration, error) {
 	js := b.m.JetStream
 	read := func(bucket string) (*natsx.KV, error) { return natsx.OpenKV(ctx, js, bucket) }
 	comps, err := read(natsx.BucketCompositions)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	records, err := read(natsx.BucketComposed)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	assigns, err := read(natsx.BucketAssignments)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	type writes struct {
 		key                string
@@ -735,19 +780,19 @@ func (b *bench) rawBaseline(ctx context.Context, fp string) (time.Duration, int,
 	for _, e := range b.m.Engines {
 		key, err := names.CompositionKey(e.Node, "bench", fp)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		c, err := comps.Get(ctx, key)
 		if err != nil {
-			return 0, 0, fmt.Errorf("composition %s: %w", key, err)
+			return 0, 0, 0, fmt.Errorf("composition %s: %w", key, err)
 		}
 		r, err := records.Get(ctx, key)
 		if err != nil {
-			return 0, 0, fmt.Errorf("record %s: %w", key, err)
+			return 0, 0, 0, fmt.Errorf("record %s: %w", key, err)
 		}
 		a, err := assigns.Get(ctx, e.Node)
 		if err != nil {
-			return 0, 0, fmt.Errorf("assignment %s: %w", e.Node, err)
+			return 0, 0, 0, fmt.Errorf("assignment %s: %w", e.Node, err)
 		}
 		all = append(all, writes{key: key, comp: c.Value, rec: r.Value, assign: a.Value, node: e.Node})
 	}
@@ -759,7 +804,7 @@ func (b *bench) rawBaseline(ctx context.Context, fp string) (time.Duration, int,
 			spec.Bucket = "bench-raw-" + name
 			kv, err := natsx.EnsureKV(ctx, js, spec)
 			if err != nil {
-				return 0, 0, err
+				return 0, 0, 0, err
 			}
 			scratch[name] = kv
 			defer js.DeleteStream(context.WithoutCancel(ctx), "KV_"+spec.Bucket)
@@ -769,13 +814,19 @@ func (b *bench) rawBaseline(ctx context.Context, fp string) (time.Duration, int,
 	for i := range all {
 		rev, err := scratch[natsx.BucketAssignments].Create(ctx, all[i].node, all[i].assign)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		all[i].assignmentRevision = rev
 	}
 	work := make(chan writes)
 	errc := make(chan error, b.o.Workers)
 	var wg sync.WaitGroup
+	// The mesh may still be busy with the change's follow-ups: its rate
+	// of CPU just before is taken out of the writes' CPU.
+	idle0, idleAt := cpuTime(), time.Now()
+	time.Sleep(300 * time.Millisecond)
+	background := float64(cpuTime()-idle0) / float64(time.Since(idleAt))
+	cpu0 := cpuTime()
 	start := time.Now()
 	for range b.o.Workers {
 		wg.Add(1)
@@ -809,13 +860,14 @@ feed:
 	close(work)
 	wg.Wait()
 	took := time.Since(start)
+	cpu := max(0, cpuTime()-cpu0-time.Duration(background*float64(took)))
 	if werr == nil {
 		select {
 		case werr = <-errc:
 		default:
 		}
 	}
-	return took, 3 * len(all), werr
+	return took, 3 * len(all), cpu, werr
 }
 
 func short(fp string) string {
@@ -823,4 +875,43 @@ func short(fp string) string {
 		return h[:12]
 	}
 	return fp
+}
+
+// measureFloor measures, before the mesh starts, the parts of the floor an
+// engine or the signer does on its own: an apply of the change on the
+// engines' filesystem and the ed25519 signing and checking of the 48
+// bytes a signature covers ("mesh.<type>.v1\x00" and a SHA-256).
+func measureFloor(res *Result, nodesDir string) error {
+	res.Cores = runtime.GOMAXPROCS(0)
+	apply, err := nodeengineapp.ApplyCost(nodesDir, benchFiles, 200, 300*time.Millisecond)
+	if err != nil {
+		return fmt.Errorf("apply cost: %w", err)
+	}
+	res.Apply = apply
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return err
+	}
+	msg := sha256.Sum256([]byte("a composition"))
+	signed := append([]byte("mesh.composition.v1\x00"), msg[:]...)
+	sig := ed25519.Sign(key, signed)
+	pub := key.Public().(ed25519.PublicKey)
+	res.Sign = timePer(func() { ed25519.Sign(key, signed) })
+	res.SigVerify = timePer(func() {
+		if !ed25519.Verify(pub, signed, sig) {
+			panic("a signature made here does not verify")
+		}
+	})
+	return nil
+}
+
+// timePer returns the mean time of fn over at least 2,000 calls and 200 ms.
+func timePer(fn func()) time.Duration {
+	start := time.Now()
+	calls := 0
+	for calls < 2000 || time.Since(start) < 200*time.Millisecond {
+		fn()
+		calls++
+	}
+	return time.Since(start) / time.Duration(calls)
 }

@@ -34,6 +34,7 @@ func BenchmarkConverge(b *testing.B) {
 		b.ReportMetric(float64(r.All().Microseconds())/1000, "all-ms")
 		b.ReportMetric(float64(r.Raw.Microseconds())/1000, "raw-baseline-ms")
 		b.ReportMetric(float64(r.Verify.Nanoseconds())/1000, "verify-µs")
+		b.ReportMetric(float64(r.FloorWall().Microseconds())/1000, "floor-ms")
 	}
 }
 
@@ -52,10 +53,11 @@ func TestRunSmall(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(r.Applied) != 5 || r.Raw <= 0 || r.RawWrites != 15 || r.Verify <= 0 || r.Assigned <= 0 {
+		if len(r.Applied) != 5 || r.Raw <= 0 || r.RawWrites != 15 || r.Verify <= 0 || r.Assigned <= 0 ||
+			r.Apply <= 0 || r.Sign <= 0 || r.SigVerify <= 0 || r.Cores <= 0 || r.Floor() < 5*r.Apply {
 			t.Errorf("result %+v", r)
 		}
-		for _, want := range []string{"p50", "p99", "100 %", "raw baseline", "verify cost", "composer.pass.node", "nodeengine.pass"} {
+		for _, want := range []string{"p50", "p99", "100 %", "raw baseline", "verify cost", "floor", "× the floor's CPU", "composer.pass.node", "nodeengine.pass"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("the output does not say %q", want)
 			}

@@ -57,7 +57,7 @@ func TestAdoptingAPathOfAnotherType(t *testing.T) {
 			if len(prep.Failures) > 0 {
 				return // refused: acceptable
 			}
-			if fails := a.Stage(context.Background(), prep, noSource{}); len(fails) > 0 {
+			if fails := a.Stage(context.Background(), prep, noFetch{}); len(fails) > 0 {
 				return
 			}
 			for _, op := range prep.Ops() {

@@ -33,7 +33,7 @@ func applyPlan(t *testing.T, a *Applier, ledger map[string]*state.LedgerRecord, 
 	if len(prep.Failures) > 0 {
 		t.Fatalf("prepare: %v", prep.Failures)
 	}
-	if f := a.Stage(context.Background(), prep, noSource{}); len(f) > 0 {
+	if f := a.Stage(context.Background(), prep, noFetch{}); len(f) > 0 {
 		t.Fatalf("stage: %v", f)
 	}
 	res, err := a.Execute(context.Background(), prep, ledger, memStore{}, Meta{})

@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -167,12 +165,6 @@ type memStore struct{}
 func (memStore) PutJournal(*state.Journal) error { return nil }
 func (memStore) Commit(*state.Commit) error      { return nil }
 
-type noSource struct{}
-
-func (noSource) Fetch(context.Context, *Composition, *typev1.Resource, string, int64, io.Writer) error {
-	return errors.New("no source in this test")
-}
-
 // fuzzResource builds a resource of the fuzzed path, type, target and mode.
 func fuzzResource(name, p string, typ uint8, target string, mode uint32, content []byte) *typev1.Resource {
 	r := &typev1.Resource{Id: "m:" + name, Path: p, Type: typev1.ResourceType(typ % 4), Mode: mode & 0o7777}
@@ -283,7 +275,7 @@ func FuzzApply(f *testing.F) {
 					}
 				}
 			}
-			if fails := a.Stage(context.Background(), prep, noSource{}); len(fails) > 0 {
+			if fails := a.Stage(context.Background(), prep, noFetch{}); len(fails) > 0 {
 				continue
 			}
 			res, err := a.Execute(context.Background(), prep, ledger, memStore{}, Meta{})

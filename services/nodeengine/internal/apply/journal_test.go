@@ -25,8 +25,16 @@ func (*keptJournal) Commit(*state.Commit) error { return errors.New("no commit e
 // writes them with the stage dir emptied (as a restart finds it when the
 // journal is replayed by a new applier).
 func TestInlineContentReplaysFromTheJournal(t *testing.T) {
-	a, root := changeDisk(t)
-	comp := changeComp(t, 1, 3)
+	f, err := NewChangeFixture(t.TempDir(), 3, memStore{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	a, root := f.a, f.root
+	comp, err := f.Composition(1)
+	if err != nil {
+		t.Fatal(err)
+	}
 	prep := a.Prepare(Plan{Compositions: []*Composition{comp}, Ledger: map[string]*state.LedgerRecord{}})
 	if len(prep.Failures) > 0 {
 		t.Fatalf("prepare: %v", prep.Failures)
@@ -34,7 +42,7 @@ func TestInlineContentReplaysFromTheJournal(t *testing.T) {
 	if len(prep.stage) != 0 {
 		t.Fatalf("inline content staged: %d items", len(prep.stage))
 	}
-	if f := a.Stage(context.Background(), prep, noSource{}); len(f) > 0 {
+	if f := a.Stage(context.Background(), prep, noFetch{}); len(f) > 0 {
 		t.Fatalf("stage: %v", f)
 	}
 	var k keptJournal
