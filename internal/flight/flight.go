@@ -70,6 +70,22 @@ func (g *Group[K, V]) Do(ctx context.Context, key K, fn func() (V, error)) (V, e
 	return c.v, c.err
 }
 
+// Cached returns the value cached reports for key, or else fn's result
+// shared as Do shares it. cached is asked again inside the shared call, so
+// that a call which filled the cache and ended between the first look and
+// this one is not made again.
+func (g *Group[K, V]) Cached(ctx context.Context, key K, cached func(K) (V, bool), fn func() (V, error)) (V, error) {
+	if v, ok := cached(key); ok {
+		return v, nil
+	}
+	return g.Do(ctx, key, func() (V, error) {
+		if v, ok := cached(key); ok {
+			return v, nil
+		}
+		return fn()
+	})
+}
+
 // InFlight reports whether a call for key is in flight, and how many
 // callers wait on it.
 func (g *Group[K, V]) InFlight(key K) (bool, int) {

@@ -130,3 +130,20 @@ func TestPanicIsNotShared(t *testing.T) {
 		t.Fatalf("waiter after a panicked call got %d, want its own call's 3", v)
 	}
 }
+
+func TestCachedLooksAgainInsideTheCall(t *testing.T) {
+	t.Parallel()
+	var g Group[string, int]
+	looks := 0
+	// The first look misses, the one inside the call finds what a call
+	// that just ended put there: fn is not called.
+	cached := func(string) (int, bool) { looks++; return 4, looks > 1 }
+	v, err := g.Cached(context.Background(), "fp", cached, func() (int, error) { t.Fatal("fn called"); return 0, nil })
+	if err != nil || v != 4 || looks != 2 {
+		t.Fatalf("Cached: %d, %v after %d looks; want 4 after 2", v, err, looks)
+	}
+	v, err = g.Cached(context.Background(), "other", func(string) (int, bool) { return 0, false }, func() (int, error) { return 8, nil })
+	if err != nil || v != 8 {
+		t.Fatalf("Cached of a key nothing holds: %d, %v; want fn's 8", v, err)
+	}
+}

@@ -260,17 +260,7 @@ const callTimeout = 30 * time.Second
 // fingerprint not cached yet (every worker, at a fleet-wide change) share
 // one catalog call.
 func (v *View) Entry(ctx context.Context, fp string) (*pass.Release, error) {
-	if rel, ok := v.cachedEntry(fp); ok {
-		return rel, nil
-	}
-	return v.askingEntries.Do(ctx, fp, func() (*pass.Release, error) {
-		// A call that ended between the miss above and this one filled
-		// the cache before it stopped being in flight.
-		if rel, ok := v.cachedEntry(fp); ok {
-			return rel, nil
-		}
-		return v.fetchEntry(ctx, fp)
-	})
+	return v.askingEntries.Cached(ctx, fp, v.cachedEntry, func() (*pass.Release, error) { return v.fetchEntry(ctx, fp) })
 }
 
 func (v *View) cachedEntry(fp string) (*pass.Release, bool) {
@@ -308,15 +298,7 @@ func (v *View) fetchEntry(ctx context.Context, fp string) (*pass.Release, error)
 // Build returns a fingerprint's build; DONE builds are cached. Passes
 // asking at once share one catalog call, as for Entry.
 func (v *View) Build(ctx context.Context, fp string) (*catalogv1.Build, error) {
-	if b, ok := v.cachedBuild(fp); ok {
-		return b, nil
-	}
-	return v.askingBuilds.Do(ctx, fp, func() (*catalogv1.Build, error) {
-		if b, ok := v.cachedBuild(fp); ok {
-			return b, nil
-		}
-		return v.fetchBuild(ctx, fp)
-	})
+	return v.askingBuilds.Cached(ctx, fp, v.cachedBuild, func() (*catalogv1.Build, error) { return v.fetchBuild(ctx, fp) })
 }
 
 func (v *View) cachedBuild(fp string) (*catalogv1.Build, bool) {

@@ -68,17 +68,7 @@ func New(catalog Catalog) *Checker {
 var errRefused = errors.New("not released")
 
 func (c *Checker) lookup(ctx context.Context, fp string) (*released, error) {
-	if r, ok := c.cached(fp); ok {
-		return r, nil
-	}
-	r, err := c.asking.Do(ctx, fp, func() (*released, error) {
-		// A lookup that ended between the miss above and this call
-		// filled the cache before it stopped being in flight.
-		if r, ok := c.cached(fp); ok {
-			return r, nil
-		}
-		return c.fetch(ctx, fp)
-	})
+	r, err := c.asking.Cached(ctx, fp, c.cached, func() (*released, error) { return c.fetch(ctx, fp) })
 	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		return nil, catalogErr("entry", fp, err)
 	}
