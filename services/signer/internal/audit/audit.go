@@ -79,30 +79,20 @@ func hashOf(r Record) (string, error) {
 	return "sha256:" + hex.EncodeToString(sum[:]), nil
 }
 
-// Log appends records to an audit file. It is safe for concurrent use:
-// appends made at once share their fsyncs (a group commit). Each record is
-// written in chain order under mu, then waits for an fsync that began
-// after its write; one fsync runs at a time and covers every record
-// written before it began, so the sign requests in flight together (the
-// composer keeps several) no longer queue one fsync each behind mu.
+// Log appends records to an audit file. It is safe for concurrent use.
 type Log struct {
-	// syncMu is held by the one fsync running; it is taken before mu.
-	syncMu sync.Mutex
-	mu     sync.Mutex
-	f      *os.File
-	seq    uint64
-	prev   string
-	// end is the file's size after the last record written whole (its
-	// fsync may still be to come), synced what an fsync made durable.
-	end, synced int64
+	mu   sync.Mutex
+	f    *os.File
+	seq  uint64
+	prev string
+	// end is the file's size after the last acknowledged record.
+	end int64
 	// broken is set when a failed append may have left bytes after end
 	// that could not be cut off: appending after them would break the
 	// chain, so every later append fails until the signer restarts (and
 	// Open cuts or keeps what is there).
 	broken error
 	now    func() time.Time
-	// sync is (*os.File).Sync; tests count or fail fsyncs through it.
-	sync func(*os.File) error
 }
 
 // Open opens (or creates) the log at path, verifies the chain and positions
@@ -134,95 +124,49 @@ func Open(path string) (l *Log, torn bool, err error) {
 		f.Close()
 		return nil, false, err
 	}
-	return &Log{f: f, seq: res.last.Seq, prev: res.prev, end: end, synced: end, now: time.Now, sync: (*os.File).Sync}, res.tornAt >= 0, nil
+	return &Log{f: f, seq: res.last.Seq, prev: res.prev, end: end, now: time.Now}, res.tornAt >= 0, nil
 }
 
-// Append fills in seq, time, prev and hash, writes the record and fsyncs it
-// (or waits for an fsync that covers it). The record is acknowledged only
-// when Append returns nil; after a failed fsync no record written before
-// it is acknowledged, and no more are taken.
+// Append fills in seq, time, prev and hash, writes the record and fsyncs it.
+// The record is acknowledged only when Append returns nil.
 func (l *Log) Append(r Record) (Record, error) {
-	r, end, err := l.write(r)
-	if err != nil {
-		return Record{}, err
-	}
-	if err := l.syncTo(end); err != nil {
-		return Record{}, err
-	}
-	return r, nil
-}
-
-// write appends r to the file in chain order and returns it with the
-// file's size after it.
-func (l *Log) write(r Record) (Record, int64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil {
-		return Record{}, 0, errors.New("audit log is closed")
+		return Record{}, errors.New("audit log is closed")
 	}
 	if l.broken != nil {
-		return Record{}, 0, l.refusal()
+		return Record{}, fmt.Errorf("audit log refuses appends after an earlier failure (restart the signer): %w", l.broken)
 	}
 	r.Seq = l.seq + 1
 	r.Time = l.now().UTC()
 	r.Prev = l.prev
 	h, err := hashOf(r)
 	if err != nil {
-		return Record{}, 0, err
+		return Record{}, err
 	}
 	r.Hash = h
 	b, err := json.Marshal(r)
 	if err != nil {
-		return Record{}, 0, err
+		return Record{}, err
 	}
 	b = append(b, '\n')
 	if _, err := l.f.Write(b); err != nil {
 		err = fmt.Errorf("write audit record: %w", err)
 		l.cut(err)
-		return Record{}, 0, err
+		return Record{}, err
 	}
-	l.seq, l.prev = r.Seq, r.Hash
-	l.end += int64(len(b))
-	return r, l.end, nil
-}
-
-func (l *Log) refusal() error {
-	return fmt.Errorf("audit log refuses appends after an earlier failure (restart the signer): %w", l.broken)
-}
-
-// syncTo returns once the file is durable up to end: at once when an fsync
-// that began after end was written has succeeded, else after an fsync of
-// its own, which covers whatever else was written by then.
-func (l *Log) syncTo(end int64) error {
-	l.syncMu.Lock()
-	defer l.syncMu.Unlock()
-	l.mu.Lock()
-	if l.broken != nil {
-		// Written before or after a failed fsync: not known durable.
-		defer l.mu.Unlock()
-		return l.refusal()
-	}
-	if l.synced >= end {
-		l.mu.Unlock()
-		return nil
-	}
-	f, upTo := l.f, l.end
-	l.mu.Unlock()
-	if f == nil {
-		return errors.New("audit log is closed")
-	}
-	err := l.sync(f)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err != nil {
+	if err := l.f.Sync(); err != nil {
 		// After a failed fsync the kernel may have dropped the dirty
 		// pages and cleared the error: what is on disk is unknown, so
 		// nothing more is appended in this process.
-		l.broken = fmt.Errorf("fsync audit record: %w", err)
-		return l.broken
+		err = fmt.Errorf("fsync audit record: %w", err)
+		l.broken = err
+		return Record{}, err
 	}
-	l.synced = upTo
-	return nil
+	l.seq, l.prev = r.Seq, r.Hash
+	l.end += int64(len(b))
+	return r, nil
 }
 
 // cut removes what a failed write may have left after the last acknowledged
@@ -242,10 +186,8 @@ func (l *Log) cut(cause error) {
 	}
 }
 
-// Close closes the file, after the fsync running, if any.
+// Close closes the file.
 func (l *Log) Close() error {
-	l.syncMu.Lock()
-	defer l.syncMu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil {
