@@ -9,8 +9,8 @@ import (
 	"sync"
 )
 
-// errPanicked is what waiters see of a call whose fn panicked (its caller
-// sees the panic): they then call fn themselves.
+// errPanicked is what a call whose fn panicked holds (its caller sees the
+// panic); its waiters ask again.
 var errPanicked = errors.New("the shared call panicked")
 
 // Group holds the calls in flight by key. The zero value is ready to use.
@@ -25,14 +25,17 @@ type call[V any] struct {
 	waiters int
 	v       V
 	err     error
+	// own is set when err is its caller's own: its context ended, or fn
+	// panicked. Waiters then ask again rather than take it.
+	own bool
 }
 
 // Do returns fn's result for key. When a call for key is already in flight
-// it waits for that call instead of calling fn, and takes its value; a
-// shared call that failed is not taken (its error may be its caller's own,
-// a deadline say): the waiter then calls fn itself. A waiter whose ctx ends
-// first returns ctx's error. fn runs under its caller's context, which it
-// should capture itself.
+// it waits for that call instead of calling fn, and takes its result, value
+// or error — unless the error is that call's caller's own (its context
+// ended, or fn panicked): the waiters then ask again, sharing one new call
+// among them. A waiter whose ctx ends first returns ctx's error. fn runs
+// under its caller's context ctx, which it should capture itself.
 func (g *Group[K, V]) Do(ctx context.Context, key K, fn func() (V, error)) (V, error) {
 	g.mu.Lock()
 	if c, ok := g.calls[key]; ok {
@@ -40,10 +43,10 @@ func (g *Group[K, V]) Do(ctx context.Context, key K, fn func() (V, error)) (V, e
 		g.mu.Unlock()
 		select {
 		case <-c.done:
-			if c.err == nil {
-				return c.v, nil
+			if c.own {
+				return g.Do(ctx, key, fn)
 			}
-			return fn()
+			return c.v, c.err
 		case <-ctx.Done():
 			var zero V
 			return zero, ctx.Err()
@@ -58,7 +61,7 @@ func (g *Group[K, V]) Do(ctx context.Context, key K, fn func() (V, error)) (V, e
 	finished := false
 	defer func() {
 		if !finished {
-			c.err = errPanicked
+			c.err, c.own = errPanicked, true
 		}
 		g.mu.Lock()
 		delete(g.calls, key)
@@ -66,6 +69,7 @@ func (g *Group[K, V]) Do(ctx context.Context, key K, fn func() (V, error)) (V, e
 		close(c.done)
 	}()
 	c.v, c.err = fn()
+	c.own = c.err != nil && ctx.Err() != nil
 	finished = true
 	return c.v, c.err
 }

@@ -9,14 +9,14 @@ import (
 	"testing"
 )
 
-// inFlight starts a call for key that blocks until release is closed and
-// returns once it is in flight.
-func inFlight(t *testing.T, g *Group[string, int], key string, v int, err error, release chan struct{}) <-chan error {
+// inFlight starts a call for key under ctx that blocks until release is
+// closed and returns once it is in flight.
+func inFlight(t *testing.T, ctx context.Context, g *Group[string, int], key string, v int, err error, release chan struct{}) <-chan error {
 	t.Helper()
 	started := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		got, gotErr := g.Do(context.Background(), key, func() (int, error) {
+		got, gotErr := g.Do(ctx, key, func() (int, error) {
 			close(started)
 			<-release
 			return v, err
@@ -34,7 +34,7 @@ func TestWaitersShareTheCall(t *testing.T) {
 	t.Parallel()
 	var g Group[string, int]
 	release := make(chan struct{})
-	first := inFlight(t, &g, "fp", 7, nil, release)
+	first := inFlight(t, context.Background(), &g, "fp", 7, nil, release)
 	var calls atomic.Int32
 	var wg sync.WaitGroup
 	got := make([]int, 8)
@@ -70,22 +70,74 @@ func TestWaitersShareTheCall(t *testing.T) {
 	}
 }
 
-func TestFailedCallIsNotShared(t *testing.T) {
+// waitFor returns once n callers wait on the call in flight for key.
+func waitFor(g *Group[string, int], key string, n int) {
+	for {
+		if _, w := g.InFlight(key); w == n {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// TestFailureIsShared: a call that failed on its own (the catalog said no)
+// gives its error to its waiters, who do not ask again.
+func TestFailureIsShared(t *testing.T) {
 	t.Parallel()
 	var g Group[string, int]
 	release := make(chan struct{})
-	first := inFlight(t, &g, "fp", 0, context.DeadlineExceeded, release)
-	got := make(chan int, 1)
+	refused := errors.New("no entry of fingerprint fp")
+	first := inFlight(t, context.Background(), &g, "fp", 0, refused, release)
+	got := make(chan error, 1)
 	go func() {
-		v, _ := g.Do(context.Background(), "fp", func() (int, error) { return 5, nil })
-		got <- v
+		_, err := g.Do(context.Background(), "fp", func() (int, error) { return 5, nil })
+		got <- err
 	}()
+	waitFor(&g, "fp", 1)
 	close(release)
-	if err := <-first; !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("first caller: %v, want its own error", err)
+	if err := <-first; !errors.Is(err, refused) {
+		t.Fatalf("first caller: %v", err)
 	}
-	if v := <-got; v != 5 {
-		t.Fatalf("waiter after a failed call got %d, want its own call's 5", v)
+	if err := <-got; !errors.Is(err, refused) {
+		t.Fatalf("waiter: %v, want the shared call's error", err)
+	}
+}
+
+// TestCallersOwnFailureIsAskedAgain: a call whose caller's context ended
+// failed for that caller only; its waiters ask again, in one shared call.
+func TestCallersOwnFailureIsAskedAgain(t *testing.T) {
+	t.Parallel()
+	var g Group[string, int]
+	release := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	first := inFlight(t, ctx, &g, "fp", 0, context.Canceled, release)
+	var calls atomic.Int32
+	const waiters = 4
+	got := make(chan int, waiters)
+	for range waiters {
+		go func() {
+			v, _ := g.Do(context.Background(), "fp", func() (int, error) {
+				calls.Add(1)
+				// Held until every other waiter waits on this call.
+				waitFor(&g, "fp", waiters-1)
+				return 5, nil
+			})
+			got <- v
+		}()
+	}
+	waitFor(&g, "fp", waiters)
+	cancel()
+	close(release)
+	if err := <-first; !errors.Is(err, context.Canceled) {
+		t.Fatalf("first caller: %v", err)
+	}
+	for range waiters {
+		if v := <-got; v != 5 {
+			t.Fatalf("waiter after its leader's context ended got %d, want a new call's 5", v)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d calls asked again for %d waiters, want 1 shared", n, waiters)
 	}
 }
 
@@ -94,7 +146,7 @@ func TestWaiterContextEnds(t *testing.T) {
 	var g Group[string, int]
 	release := make(chan struct{})
 	defer close(release)
-	inFlight(t, &g, "fp", 1, nil, release)
+	inFlight(t, context.Background(), &g, "fp", 1, nil, release)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := g.Do(ctx, "fp", func() (int, error) { return 2, nil }); !errors.Is(err, context.Canceled) {

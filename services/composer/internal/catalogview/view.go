@@ -260,7 +260,12 @@ const callTimeout = 30 * time.Second
 // fingerprint not cached yet (every worker, at a fleet-wide change) share
 // one catalog call.
 func (v *View) Entry(ctx context.Context, fp string) (*pass.Release, error) {
-	return v.askingEntries.Cached(ctx, fp, v.cachedEntry, func() (*pass.Release, error) { return v.fetchEntry(ctx, fp) })
+	rel, err := v.askingEntries.Cached(ctx, fp, v.cachedEntry, func() (*pass.Release, error) { return v.fetchEntry(ctx, fp) })
+	if err != nil && err == ctx.Err() {
+		// It ended while waiting on another pass's call.
+		return nil, fmt.Errorf("catalog GetEntry %s: %w", fp, err)
+	}
+	return rel, err
 }
 
 func (v *View) cachedEntry(fp string) (*pass.Release, bool) {
@@ -298,7 +303,11 @@ func (v *View) fetchEntry(ctx context.Context, fp string) (*pass.Release, error)
 // Build returns a fingerprint's build; DONE builds are cached. Passes
 // asking at once share one catalog call, as for Entry.
 func (v *View) Build(ctx context.Context, fp string) (*catalogv1.Build, error) {
-	return v.askingBuilds.Cached(ctx, fp, v.cachedBuild, func() (*catalogv1.Build, error) { return v.fetchBuild(ctx, fp) })
+	b, err := v.askingBuilds.Cached(ctx, fp, v.cachedBuild, func() (*catalogv1.Build, error) { return v.fetchBuild(ctx, fp) })
+	if err != nil && err == ctx.Err() {
+		return nil, fmt.Errorf("catalog GetBuild %s: %w", fp, err)
+	}
+	return b, err
 }
 
 func (v *View) cachedBuild(fp string) (*catalogv1.Build, bool) {

@@ -69,7 +69,8 @@ var errRefused = errors.New("not released")
 
 func (c *Checker) lookup(ctx context.Context, fp string) (*released, error) {
 	r, err := c.asking.Cached(ctx, fp, c.cached, func() (*released, error) { return c.fetch(ctx, fp) })
-	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+	if err != nil && err == ctx.Err() {
+		// It ended while waiting on another request's lookup.
 		return nil, catalogErr("entry", fp, err)
 	}
 	return r, err
