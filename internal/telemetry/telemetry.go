@@ -144,11 +144,17 @@ func setup(ctx context.Context, cfg Config, getenv func(string) string) (_ *Tele
 		tpOpts = append(tpOpts, sdktrace.WithSpanProcessor(cfg.SpanProcessor))
 		recorded = true
 	}
-	// The sampler is left to the SDK, which reads OTEL_TRACES_SAMPLER itself
-	// and defaults to parentbased_always_on.
-	t.TracerProvider = stampingProvider{}
+	// OTEL_TRACES_SAMPLER (parentbased_always_on by default) decides which
+	// spans are sampled whether they are recorded or only stamped; one it
+	// cannot honour fails the start, as an exporter it cannot does.
+	sampler, err := samplerFromEnv(getenv)
+	if err != nil {
+		return nil, err
+	}
 	if recorded {
-		t.TracerProvider = sdktrace.NewTracerProvider(tpOpts...)
+		t.TracerProvider = sdktrace.NewTracerProvider(append(tpOpts, sdktrace.WithSampler(sampler))...)
+	} else {
+		t.TracerProvider = stampingProvider{sampler: sampler}
 	}
 
 	t.Registry = prometheus.NewRegistry()

@@ -529,3 +529,53 @@ func TestSpansWithNothingExportingRecordNothing(t *testing.T) {
 		t.Fatal("WithNewRoot kept the parent's trace")
 	}
 }
+
+// TestSamplerFromTheEnvironment: with nothing exporting, OTEL_TRACES_SAMPLER
+// still decides which spans are marked sampled, as the SDK's sampler would;
+// one that cannot be honoured fails the start naming the variable.
+func TestSamplerFromTheEnvironment(t *testing.T) {
+	t.Parallel()
+	sampledParent := "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	tests := []struct {
+		sampler, arg         string
+		root, childOfSampled bool
+		err                  string
+	}{
+		{sampler: "", root: true, childOfSampled: true},
+		{sampler: "always_off", root: false, childOfSampled: false},
+		{sampler: "parentbased_always_off", root: false, childOfSampled: true},
+		{sampler: "traceidratio", arg: "0", root: false, childOfSampled: false},
+		{sampler: "parentbased_traceidratio", arg: "1", root: true, childOfSampled: true},
+		{sampler: "xray", err: "OTEL_TRACES_SAMPLER"},
+		{sampler: "traceidratio", arg: "2", err: "OTEL_TRACES_SAMPLER_ARG"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.sampler+"/"+tt.arg, func(t *testing.T) {
+			t.Parallel()
+			env := map[string]string{"OTEL_TRACES_SAMPLER": tt.sampler, "OTEL_TRACES_SAMPLER_ARG": tt.arg}
+			tel, err := setup(t.Context(), Config{ServiceName: "quiet", LogOutput: io.Discard}, func(k string) string { return env[k] })
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("setup: %v, want an error naming %s", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tel.Shutdown(context.Background())
+			tr := tel.TracerProvider.Tracer("test")
+			_, root := tr.Start(t.Context(), "root")
+			_, child := tr.Start(ContextWithTraceparent(t.Context(), sampledParent, ""), "child")
+			if got := root.SpanContext().IsSampled(); got != tt.root {
+				t.Errorf("root sampled = %v, want %v", got, tt.root)
+			}
+			if got := child.SpanContext().IsSampled(); got != tt.childOfSampled {
+				t.Errorf("child of a sampled parent sampled = %v, want %v", got, tt.childOfSampled)
+			}
+			if !root.SpanContext().IsValid() || !child.SpanContext().IsValid() {
+				t.Error("a span without IDs")
+			}
+		})
+	}
+}
