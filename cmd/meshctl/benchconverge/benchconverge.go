@@ -109,20 +109,20 @@ type Result struct {
 	Verify     time.Duration
 	VerifySize int
 	// RawCPU is the CPU the raw baseline's timed writes took (the mesh's
-	// background rate just before taken out).
+	// background rate just after taken out).
 	RawCPU time.Duration
-	// Apply is an engine's apply of the change on its own (its files
-	// written and fsynced through temp files, journal and commit), Sign
-	// one ed25519 signature as the signer makes it and SigVerify one
-	// check of it, as the engine makes of a manifest: each measured alone
-	// in this run.
+	// Apply is the CPU of an engine's apply of the change on its own (its
+	// files written and fsynced through temp files, journal and commit),
+	// Sign of one ed25519 signature as the signer makes it and SigVerify
+	// of one check of it, as the engine makes of a manifest: each measured
+	// alone in this run, before the mesh starts.
 	Apply, Sign, SigVerify time.Duration
 	// Cores is how many cores the process may use.
 	Cores int
 }
 
-// Floor is the CPU of the work a change cannot skip, each part measured
-// alone in this run: every engine's apply and verification of its
+// Floor is the CPU time of the work a change cannot skip, each part
+// measured alone in this run: every engine's apply and verification of its
 // composition and manifest, two signatures per node, and the change's KV
 // writes done raw. Composing, the Sync streams, the RPCs that carry the
 // compositions and entries, and the engines' reports come on top.
@@ -407,7 +407,7 @@ func report(w io.Writer, r *Result, o Options) {
 	fmt.Fprintf(w, "engine verify cost per %d-byte composition: %s\n", r.VerifySize, r.Verify.Round(100*time.Nanosecond))
 	if r.Apply > 0 {
 		us := func(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d.Nanoseconds())/1000) }
-		fmt.Fprintf(w, "floor (same run, each part alone): per engine its apply %s (%d files: temp, fsync, rename; journal, commit) and verify %s + manifest signature %s; per node 2 signatures of %s; the raw KV writes %.2f CPU-s\n",
+		fmt.Fprintf(w, "floor (same run, the CPU of each part alone): per engine its apply %s (%d files: temp, fsync, rename; journal, commit) and verify %s + manifest signature %s; per node 2 signatures of %s; the raw KV writes %.2f CPU-s\n",
 			us(r.Apply), benchFiles, us(r.Verify), us(r.SigVerify), us(r.Sign), r.RawCPU.Seconds())
 		fmt.Fprintf(w, "  = %.2f CPU-s, %s on %d cores before composing, Sync, RPCs or reports: the change cannot be applied everywhere sooner here\n",
 			r.Floor().Seconds(), ms(r.FloorWall()), r.Cores)
@@ -821,11 +821,6 @@ func (b *bench) rawBaseline(ctx context.Context, fp string) (time.Duration, int,
 	work := make(chan writes)
 	errc := make(chan error, b.o.Workers)
 	var wg sync.WaitGroup
-	// The mesh may still be busy with the change's follow-ups: its rate
-	// of CPU just before is taken out of the writes' CPU.
-	idle0, idleAt := cpuTime(), time.Now()
-	time.Sleep(300 * time.Millisecond)
-	background := float64(cpuTime()-idle0) / float64(time.Since(idleAt))
 	cpu0 := cpuTime()
 	start := time.Now()
 	for range b.o.Workers {
@@ -860,7 +855,14 @@ feed:
 	close(work)
 	wg.Wait()
 	took := time.Since(start)
-	cpu := max(0, cpuTime()-cpu0-time.Duration(background*float64(took)))
+	cpu := cpuTime() - cpu0
+	// The mesh may still be busy with the change's follow-ups: its rate
+	// of CPU just after is taken out of the writes' CPU (measured after,
+	// so that the writes start when they always did).
+	idle0, idleAt := cpuTime(), time.Now()
+	time.Sleep(300 * time.Millisecond)
+	background := float64(cpuTime()-idle0) / float64(time.Since(idleAt))
+	cpu = max(0, cpu-time.Duration(background*float64(took)))
 	if werr == nil {
 		select {
 		case werr = <-errc:
@@ -883,7 +885,7 @@ func short(fp string) string {
 // bytes a signature covers ("mesh.<type>.v1\x00" and a SHA-256).
 func measureFloor(res *Result, nodesDir string) error {
 	res.Cores = runtime.GOMAXPROCS(0)
-	apply, err := nodeengineapp.ApplyCost(nodesDir, benchFiles, 200, 300*time.Millisecond)
+	_, apply, err := nodeengineapp.ApplyCost(nodesDir, benchFiles, 200, 300*time.Millisecond)
 	if err != nil {
 		return fmt.Errorf("apply cost: %w", err)
 	}
@@ -905,13 +907,14 @@ func measureFloor(res *Result, nodesDir string) error {
 	return nil
 }
 
-// timePer returns the mean time of fn over at least 2,000 calls and 200 ms.
+// timePer returns the mean CPU time of fn over at least 2,000 calls and
+// 200 ms (nothing else runs yet).
 func timePer(fn func()) time.Duration {
-	start := time.Now()
+	cpu0, start := cpuTime(), time.Now()
 	calls := 0
 	for calls < 2000 || time.Since(start) < 200*time.Millisecond {
 		fn()
 		calls++
 	}
-	return time.Since(start) / time.Duration(calls)
+	return (cpuTime() - cpu0) / time.Duration(calls)
 }
