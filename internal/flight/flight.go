@@ -21,7 +21,7 @@ type Group[K comparable, V any] struct {
 
 type call[V any] struct {
 	done chan struct{}
-	// waiters counts the callers waiting on it (tests read it).
+	// waiters counts the callers waiting on it (InFlight reports it).
 	waiters int
 	v       V
 	err     error

@@ -295,8 +295,6 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	}
 
 	// The raw baseline: the change's writes again, straight to JetStream.
-	// The mesh may still be busy with the change's follow-ups: its rate
-	// of CPU just before is taken out of the raw writes' CPU.
 	raw, n, rawCPU, err := b.rawBaseline(ctx, fp1)
 	if err != nil {
 		return nil, fmt.Errorf("raw baseline: %w", err)
@@ -885,11 +883,20 @@ func short(fp string) string {
 // bytes a signature covers ("mesh.<type>.v1\x00" and a SHA-256).
 func measureFloor(res *Result, nodesDir string) error {
 	res.Cores = runtime.GOMAXPROCS(0)
-	_, apply, err := nodeengineapp.ApplyCost(nodesDir, benchFiles, 200, 300*time.Millisecond)
+	next, done, err := nodeengineapp.ChangeApplies(nodesDir, benchFiles)
 	if err != nil {
 		return fmt.Errorf("apply cost: %w", err)
 	}
-	res.Apply = apply
+	var applyErr error
+	res.Apply = timePer(200, 300*time.Millisecond, func() {
+		if applyErr == nil {
+			applyErr = next()
+		}
+	})
+	done()
+	if applyErr != nil {
+		return fmt.Errorf("apply cost: %w", applyErr)
+	}
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return err
@@ -898,8 +905,8 @@ func measureFloor(res *Result, nodesDir string) error {
 	signed := append([]byte("mesh.composition.v1\x00"), msg[:]...)
 	sig := ed25519.Sign(key, signed)
 	pub := key.Public().(ed25519.PublicKey)
-	res.Sign = timePer(func() { ed25519.Sign(key, signed) })
-	res.SigVerify = timePer(func() {
+	res.Sign = timePer(2000, 200*time.Millisecond, func() { ed25519.Sign(key, signed) })
+	res.SigVerify = timePer(2000, 200*time.Millisecond, func() {
 		if !ed25519.Verify(pub, signed, sig) {
 			panic("a signature made here does not verify")
 		}
@@ -907,12 +914,12 @@ func measureFloor(res *Result, nodesDir string) error {
 	return nil
 }
 
-// timePer returns the mean CPU time of fn over at least 2,000 calls and
-// 200 ms (nothing else runs yet).
-func timePer(fn func()) time.Duration {
+// timePer returns the mean CPU time (of the process: nothing else runs
+// yet) of fn over at least n calls and at least d.
+func timePer(n int, d time.Duration, fn func()) time.Duration {
 	cpu0, start := cpuTime(), time.Now()
 	calls := 0
-	for calls < 2000 || time.Since(start) < 200*time.Millisecond {
+	for calls < n || time.Since(start) < d {
 		fn()
 		calls++
 	}

@@ -32,8 +32,8 @@ func shmDir(tb testing.TB) string {
 func BenchmarkApplyChange(b *testing.B) {
 	b.Run("store=memory", func(b *testing.B) { benchApplyChange(b, func(string) Store { return memStore{} }) })
 	b.Run("store=bbolt", func(b *testing.B) {
-		benchApplyChange(b, func(root string) Store {
-			db, err := state.Open(filepath.Join(root, "engine.db"))
+		benchApplyChange(b, func(dir string) Store {
+			db, err := state.Open(filepath.Join(dir, "engine.db"))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -58,7 +58,6 @@ func benchApplyChange(b *testing.B, storeAt func(dir string) Store) {
 	if err := f.Apply(); err != nil {
 		b.Fatal(err)
 	}
-	b.ResetTimer()
 	for b.Loop() {
 		if err := f.Apply(); err != nil {
 			b.Fatal(err)
