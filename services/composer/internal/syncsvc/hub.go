@@ -105,6 +105,9 @@ type Hub struct {
 	// the write for a record that was there when the watch started).
 	lastSeen map[string]time.Time
 	haveAt   map[string]time.Time
+	// haveRev is the revision of each node's record in haves, when it
+	// decoded (see writeHaves).
+	haveRev map[string]uint64
 	// live is the liveness each node was last judged with, so a node
 	// whose engine goes unheard wakes the streams that hear it.
 	live       map[string]bool
@@ -129,7 +132,7 @@ func NewHub(st *store.Store, log *slog.Logger) *Hub {
 	return &Hub{store: st, log: log, now: time.Now, assignments: map[string]*held{}, haves: map[string]*composerv1.HaveRecord{},
 		running: map[string]map[string]string{}, applied: map[string]map[string]string{}, subs: map[string]map[*sub]struct{}{},
 		needers:  map[string]map[*sub]struct{}{},
-		lastSeen: map[string]time.Time{}, haveAt: map[string]time.Time{}, live: map[string]bool{}, touchTried: map[string]time.Time{},
+		lastSeen: map[string]time.Time{}, haveAt: map[string]time.Time{}, haveRev: map[string]uint64{}, live: map[string]bool{}, touchTried: map[string]time.Time{},
 		unhealthy: make(chan struct{})}
 }
 
@@ -256,11 +259,15 @@ func (h *Hub) watchHaves(ctx context.Context) error {
 		if e.Op != jetstream.KeyValuePut {
 			delete(h.haves, e.Key)
 			delete(h.haveAt, e.Key)
+			delete(h.haveRev, e.Key)
 		} else {
 			rec := &composerv1.HaveRecord{}
 			if proto.Unmarshal(e.Value, rec) == nil {
 				h.haves[e.Key] = rec
+				h.haveRev[e.Key] = e.Revision
 				next = appliedOf(rec)
+			} else {
+				delete(h.haveRev, e.Key)
 			}
 			// A write seen live counts from when it was seen, so a
 			// clock skew between this host and the server does not
@@ -699,7 +706,22 @@ func selects(s *typev1.LabelSelector, labels map[string]string) bool {
 // only from an engine whose sequence was reset, and its report is the
 // newest that engine has). A record with the same content is not written
 // again. CAS, retried on conflict.
+//
+// The record the watch delivered last stands in for the first read: a
+// report to be written over it is written by CAS at its revision, which
+// holds only while it is still the bucket's record, so the report is
+// judged against what it replaces all the same; a conflict, or a report
+// the watched record would drop, reads the bucket.
 func (h *Hub) writeHaves(ctx context.Context, rec *composerv1.HaveRecord) error {
+	h.mu.Lock()
+	cur, rev := h.haves[rec.GetNode()], h.haveRev[rec.GetNode()]
+	h.mu.Unlock()
+	if rev != 0 && cur.GetReportSeq() <= rec.GetReportSeq() && !sameHaves(cur, rec) {
+		_, err := writeRecord(ctx, h.store.Haves, rec.GetNode(), rec, rev)
+		if !errors.Is(err, natsx.ErrConflict) {
+			return err
+		}
+	}
 	for attempt := 0; attempt < 5; attempt++ {
 		cur, rev, err := h.store.Have(ctx, rec.GetNode())
 		switch {

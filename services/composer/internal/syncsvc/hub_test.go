@@ -387,6 +387,69 @@ func TestWriteHaves(t *testing.T) {
 	}
 }
 
+// TestWriteHavesOverTheWatchedRecord: the record the watch delivered last
+// stands in for the read before the CAS, and is never trusted beyond it: a
+// watched record the bucket moved past makes the CAS conflict and the
+// report is judged against the bucket's record; one that would drop the
+// report is checked against the bucket too.
+func TestWriteHavesOverTheWatchedRecord(t *testing.T) {
+	t.Parallel()
+	w := newSyncWorld(t)
+	hub := NewHub(w.st, slog.New(slog.DiscardHandler))
+	ctx := context.Background()
+	rec := func(seq uint64, reason string) *composerv1.HaveRecord {
+		return &composerv1.HaveRecord{Node: "ace", ReportSeq: seq, Haves: []*composerv1.Have{{Module: "web",
+			Attempt: &composerv1.Attempt{State: composerv1.AttemptState_ATTEMPT_STATE_HELD, Reason: reason}}}}
+	}
+	// watch sets what the hub's watch delivered last, as the watch does.
+	watch := func(r *composerv1.HaveRecord, rev uint64) {
+		hub.mu.Lock()
+		hub.haves["ace"], hub.haveRev["ace"] = r, rev
+		hub.mu.Unlock()
+	}
+	held := func() (uint64, string, uint64) {
+		got, rev, err := w.st.Have(ctx, "ace")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.GetReportSeq(), got.GetHaves()[0].GetAttempt().GetReason(), rev
+	}
+	if err := hub.writeHaves(ctx, rec(10, "ten")); err != nil {
+		t.Fatal(err)
+	}
+	_, _, rev := held()
+
+	watch(rec(10, "ten"), rev)
+	if err := hub.writeHaves(ctx, rec(11, "eleven")); err != nil {
+		t.Fatal(err)
+	}
+	if seq, reason, now := held(); seq != 11 || reason != "eleven" || now == rev {
+		t.Fatalf("over the current watched record: held %d %q r%d; want 11 \"eleven\" written", seq, reason, now)
+	}
+	// Another replica wrote 20 since the watch delivered 11: 15 is dropped.
+	_, _, rev = held()
+	watch(rec(11, "eleven"), rev)
+	if err := hub.writeHaves(ctx, rec(20, "twenty")); err != nil {
+		t.Fatal(err)
+	}
+	_, _, rev20 := held()
+	if err := hub.writeHaves(ctx, rec(15, "fifteen")); err != nil {
+		t.Fatal(err)
+	}
+	if seq, reason, now := held(); seq != 20 || reason != "twenty" || now != rev20 {
+		t.Errorf("over a watched record the bucket moved past: held %d %q r%d; want 20 \"twenty\" left at r%d", seq, reason, now, rev20)
+	}
+	// A watched record that would drop the report (not what the bucket
+	// holds) does not decide alone.
+	watch(rec(30, "thirty"), rev20)
+	if err := hub.writeHaves(ctx, rec(25, "twenty-five")); err != nil {
+		t.Fatal(err)
+	}
+	if seq, reason, _ := held(); seq != 25 || reason != "twenty-five" {
+		t.Errorf("a watched record above the report dropped it: held %d %q; want 25 \"twenty-five\" (the bucket holds 20)", seq, reason)
+	}
+}
+
 // TestNotServingWhenBehind: a replica whose assignments watch is more than
 // MaxLag behind the stream reports NOT_SERVING, ends its streams with
 // UNAVAILABLE and a retry-after, and refuses new ones, until it catches up.
