@@ -279,7 +279,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 		Approvals: approvalsOf{&rec}, ObjectTouched: c.Sweeper.Touch,
 		Recompose: recompose,
 		// rec is made below, before any pass runs.
-		Known: func(node string) (uint64, uint64) { return rec.Known(node) },
+		Watched: func(node string) pass.Watched { return rec.Watched(node) },
 		// The catalog's buckets live in the same JetStream: when the
 		// composer's went back, the view reads the catalog again before
 		// the passes that follow use it.

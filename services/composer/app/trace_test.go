@@ -108,15 +108,20 @@ func TestTrace(t *testing.T) {
 	for _, want := range []string{
 		"composer.write.composition", "composer.write.judgement", "composer.write.assignment",
 		"composer.sign.compositions", "composer.sign.manifests",
-		"kv.get nodes", "kv.list_subjects compositions", "kv.create compositions", "kv.create composed", "kv.update assignments",
+		"kv.create compositions", "kv.create composed", "kv.update assignments",
 	} {
 		got := named(want)
 		if len(got) == 0 || !ancestor(node, got[0]) {
 			t.Errorf("no %s span under the node's pass", want)
 		}
 	}
-	// What the keys hold is read from the leader, or from the mirror once
-	// a stream info request shows it current.
+	// The spec is the one the nodes watch delivered: the pass does not
+	// read it again (nor, once the watch delivered it, the assignment).
+	if got := find(func(s tracetest.SpanStub) bool { return s.Name == "kv.get nodes" && ancestor(node, s) }); len(got) != 0 {
+		t.Errorf("the node's pass read its spec again (%d kv.get nodes spans) though the watch delivered it", len(got))
+	}
+	// Which keys the node has and what they hold are read from the leader,
+	// or from the mirror once a stream info request shows it current.
 	if got := find(func(s tracetest.SpanStub) bool {
 		return (s.Name == "kv.get compositions" || s.Name == "kv.last_sequence compositions") && ancestor(node, s)
 	}); len(got) == 0 {

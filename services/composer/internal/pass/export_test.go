@@ -34,3 +34,17 @@ func Prune(ctx context.Context, p *Passer, node string, asg *composerv1.Assignme
 func PutStatus(ctx context.Context, p *Passer, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord) error {
 	return p.putStatus(ctx, node, asg, haves, func(*composerv1.NodeStatus) error { return nil })
 }
+
+// SetWatched replaces what a Passer takes for the watches' copies.
+func SetWatched(p *Passer, f func(node string) Watched) { p.cfg.Watched = f }
+
+// WatchedAssignmentRev is the revision of a node's assignment the Passer's
+// watch holds, 0 for none.
+func WatchedAssignmentRev(p *Passer, node string) uint64 {
+	p.assignments.mu.Lock()
+	defer p.assignments.mu.Unlock()
+	return p.assignments.m[node].rev
+}
+
+// NoteOwnWrite records a write as the Passer's own.
+func NoteOwnWrite(p *Passer, bucket, key string, rev uint64) { p.own.wrote(bucket, key, rev, false) }

@@ -3,6 +3,7 @@ package pass
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,5 +154,54 @@ func TestOwnWrites(t *testing.T) {
 	o.wrote("assignments", "a", 0, true)
 	if !o.own("assignments", del) {
 		t.Error("a delete made does not count as own")
+	}
+}
+
+// TestMirrorListsANodesKeys: the composition mirror lists a node's module
+// keys as the stream leader would — values and delete markers, not its
+// own composition nor other nodes' keys — and drops a marker once the
+// stream holds nothing of it, but never a value written after it.
+func TestMirrorListsANodesKeys(t *testing.T) {
+	t.Parallel()
+	e := testutil.StartJetStream(t)
+	_, js := testutil.ConnectJetStream(t, e)
+	ctx := context.Background()
+	kv, err := natsx.EnsureKV(ctx, js, natsx.KVSpec{Bucket: "listed", History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMirror("test", recordSummary)
+	m.nodeOf = compositionNode
+	fctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.follow(fctx, kv) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("follow: %v", err)
+		}
+	})
+	fa, fb := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	a, b, other := "ace.motd."+fa, "ace.web."+fb, "bee.motd."+fa
+	for _, k := range []string{a, b, "ace.node", other} {
+		if _, err := kv.Put(ctx, k, []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := kv.Delete(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "mirror current", 10*time.Second, func() (bool, string) { return m.current(ctx, kv), "not current" })
+	if got := fmt.Sprint(m.keysOf("ace")); got != fmt.Sprint([]string{a, b}) {
+		t.Errorf("keys of ace %s; want %s and the marker of %s", got, a, b)
+	}
+	marker, _ := m.lookup(b)
+	m.forgetMarker(a, ^uint64(0))
+	m.forgetMarker(b, marker.rev)
+	if got := fmt.Sprint(m.keysOf("ace")); got != fmt.Sprint([]string{a}) {
+		t.Errorf("keys of ace after its marker was removed %s; want only the value %s", got, a)
+	}
+	if got := fmt.Sprint(m.keysOf("bee")); got != fmt.Sprint([]string{other}) {
+		t.Errorf("keys of bee %s", got)
 	}
 }

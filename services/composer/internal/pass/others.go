@@ -91,6 +91,20 @@ func (o *ownWrites) wrote(bucket, key string, rev uint64, deleted bool) {
 	w.revs = append(w.revs, ownRev{rev: rev, at: now})
 }
 
+// last returns the highest revision of a value this composer wrote to a
+// key within ownKept (0: none).
+func (o *ownWrites) last(bucket, key string) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var last uint64
+	if w := o.m[ownKey(bucket, key)]; w != nil {
+		for _, r := range w.revs {
+			last = max(last, r.rev)
+		}
+	}
+	return last
+}
+
 // own reports whether this composer made a write a watch delivered.
 func (o *ownWrites) own(bucket string, e *natsx.Entry) bool {
 	o.mu.Lock()
@@ -129,33 +143,95 @@ func (s *seenRevisions) highest(node string) uint64 {
 	return s.m[node]
 }
 
+// watchedAssignments are the assignments as FollowAssignments last saw
+// them, once its watch delivered what the bucket held when it started.
+type watchedAssignments struct {
+	mu    sync.Mutex
+	ready bool
+	m     map[string]watchedAssignment
+}
+
+// watchedAssignment is a node's assignment at a revision; nil when the
+// value there does not decode.
+type watchedAssignment struct {
+	a   *composerv1.Assignment
+	rev uint64
+}
+
+func (w *watchedAssignments) set(node string, a *composerv1.Assignment, rev uint64, deleted bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.m == nil {
+		w.m = map[string]watchedAssignment{}
+	}
+	if deleted {
+		delete(w.m, node)
+		return
+	}
+	w.m[node] = watchedAssignment{a: a, rev: rev}
+}
+
+func (w *watchedAssignments) setReady(ready bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ready = ready
+	if !ready {
+		// The watch starts over: what it delivers again replaces these.
+		clear(w.m)
+	}
+}
+
+// watchedAssignment returns a node's assignment as the watch delivered it
+// last, a copy, when the watch is caught up, it decoded, and it is this
+// composer's last write of it or newer; ok false when the pass must read
+// it. A newer one the watch has not delivered yet can only be another
+// writer's: its delivery asks for a pass, and the commit's CAS refuses to
+// replace what this one did not read.
+func (p *Passer) watchedAssignment(node string) (*composerv1.Assignment, uint64, bool) {
+	p.assignments.mu.Lock()
+	w, ok := p.assignments.m[node]
+	ok = ok && p.assignments.ready && w.a != nil
+	p.assignments.mu.Unlock()
+	if !ok || w.rev < p.own.last(natsx.BucketAssignments, node) {
+		return nil, 0, false
+	}
+	return proto.CloneOf(w.a), w.rev, true
+}
+
 // FollowAssignments watches bucket assignments until ctx is done: it keeps
-// the highest manifest revision seen of each node and asks for a pass of a
-// node whose assignment another writer changed, and of every node when the
-// bucket went back to an older state.
+// each node's assignment and the highest manifest revision seen of each
+// node, and asks for a pass of a node whose assignment another writer
+// changed, and of every node when the bucket went back to an older state.
 func (p *Passer) FollowAssignments(ctx context.Context) error {
 	w, err := p.cfg.Store.Assignments.Watch(ctx, ">", natsx.ResyncMarker())
 	if err != nil {
 		return err
 	}
 	defer w.Stop()
+	defer p.assignments.setReady(false)
 	ready := false
 	for e := range w.Updates() {
 		switch {
 		case e == nil:
 			ready = true
+			p.assignments.setReady(true)
 			continue
 		case e.Resync:
 			ready = false
+			p.assignments.setReady(false)
 			p.storeWentBack(natsx.BucketAssignments)
 			continue
 		}
+		var a *composerv1.Assignment
 		if e.Op == jetstream.KeyValuePut {
-			a := &composerv1.Assignment{}
+			a = &composerv1.Assignment{}
 			if proto.Unmarshal(e.Value, a) == nil {
 				p.seen.saw(e.Key, a.GetManifestRevision())
+			} else {
+				a = nil
 			}
 		}
+		p.assignments.set(e.Key, a, e.Revision, e.Op != jetstream.KeyValuePut)
 		if ready {
 			p.judgeWrite(natsx.BucketAssignments, e.Key, e)
 		}

@@ -64,15 +64,29 @@ type Config struct {
 	// back to an older state, before the passes that follow are asked for
 	// (the app has the catalog view read every registration again).
 	StoreWentBack func(bucket string)
-	// Known, when set, returns the revisions of a node's spec and haves
-	// record the composer's watches delivered last (0: none): a pass
-	// reads them at those revisions or later, since the buckets answer
+	// Watched, when set, returns a node's spec and haves record as the
+	// composer's watches delivered them last. A pass the reconciler runs
+	// takes them from there: whatever is written after is delivered too,
+	// and calls for a pass or a status of its own, so reading the bucket
+	// again would only cost a round trip to the stream. A pass with plan
+	// inputs to meet, and a part the watch holds no message of, reads the
+	// bucket at the revision delivered or later, since the buckets answer
 	// reads from any replica and one behind the write that called for the
 	// pass would make the pass decide on what came before it.
-	Known func(node string) (spec, haves uint64)
+	Watched func(node string) Watched
 	// CatalogCaughtUp, when set, reports whether the catalog view holds
 	// every registration; a pass refuses to run while it does not.
 	CatalogCaughtUp func() bool
+}
+
+// Watched is what the composer's watches delivered last of a node: its
+// spec and haves record and their revisions (0: none delivered, or
+// deleted). A value that did not decode has its revision and no message.
+type Watched struct {
+	Spec     *composerv1.NodeSpec
+	SpecRev  uint64
+	Haves    *composerv1.HaveRecord
+	HavesRev uint64
 }
 
 // Passer writes nodes.
@@ -88,6 +102,8 @@ type Passer struct {
 	// manifest revision seen of each node (see others.go).
 	own  ownWrites
 	seen seenRevisions
+	// assignments are the assignments as FollowAssignments last saw them.
+	assignments watchedAssignments
 	// objects are the object versions found to hash to their names;
 	// repairs when each composition key was last repaired.
 	objects objectChecks
@@ -127,6 +143,7 @@ func New(cfg Config) *Passer {
 	}
 	p := &Passer{cfg: cfg, records: newMirror("judgement record", recordSummary),
 		compositions: newMirror("composition", compositionSummary)}
+	p.compositions.nodeOf = compositionNode
 	p.compositions.onWrite = p.compositionWritten
 	p.compositions.onResync = func() { p.storeWentBack(natsx.BucketCompositions) }
 	return p
@@ -273,25 +290,43 @@ func (st *nodeState) prevWant(module string) *typev1.Want {
 	return wantOf(st.assignment, module)
 }
 
-func (p *Passer) read(ctx context.Context, node string) (*nodeState, error) {
+// read reads what a pass decides on; with watched set, the spec, haves
+// record and assignment come from the watches when they hold them (see
+// Config.Watched and watchedAssignment).
+func (p *Passer) read(ctx context.Context, node string, watched bool) (*nodeState, error) {
 	st := &nodeState{}
-	var specMin, havesMin uint64
-	if p.cfg.Known != nil {
-		specMin, havesMin = p.cfg.Known(node)
+	var w Watched
+	if p.cfg.Watched != nil {
+		w = p.cfg.Watched(node)
 	}
-	// The three reads are independent: one round trip instead of three.
+	// The reads are independent: one round trip instead of three.
 	var specErr, asgErr, havesErr error
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		st.assignment, st.asgRev, asgErr = p.cfg.Store.Assignment(ctx, node)
-	}()
-	go func() {
-		defer wg.Done()
-		st.haves, st.havesRev, havesErr = p.cfg.Store.HaveAtLeast(ctx, node, havesMin)
-	}()
-	st.spec, st.specRev, specErr = p.cfg.Store.SpecAtLeast(ctx, node, specMin)
+	var asgWatched bool
+	if watched {
+		st.assignment, st.asgRev, asgWatched = p.watchedAssignment(node)
+	}
+	if !asgWatched {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st.assignment, st.asgRev, asgErr = p.cfg.Store.Assignment(ctx, node)
+		}()
+	}
+	if watched && w.Haves != nil {
+		st.haves, st.havesRev = w.Haves, w.HavesRev
+	} else {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st.haves, st.havesRev, havesErr = p.cfg.Store.HaveAtLeast(ctx, node, w.HavesRev)
+		}()
+	}
+	if watched && w.Spec != nil {
+		st.spec, st.specRev = w.Spec, w.SpecRev
+	} else {
+		st.spec, st.specRev, specErr = p.cfg.Store.SpecAtLeast(ctx, node, w.SpecRev)
+	}
 	wg.Wait()
 	if err := specErr; err != nil {
 		if errors.Is(err, store.ErrNotFound) {
@@ -438,20 +473,29 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 			return nil, err
 		}
 	}
-	// One listing of the node's keys by the stream leader serves the compare
-	// (a module key it does not list is absent: no read, and the write is a
-	// Create, which fails should the key appear meanwhile) and the prune. It
-	// needs only the node's name, so it is asked beside the reads.
+	// One listing of the node's keys serves the compare (a module key it
+	// does not list is absent: no read, and the write is a Create, which
+	// fails should the key appear meanwhile) and the prune. It needs only
+	// the node's name, so it is asked beside the reads: of the composition
+	// mirror, once it is current (it then lists what the stream leader
+	// would), else of the stream leader.
 	type listing struct {
-		keys []string
-		err  error
+		keys     []string
+		err      error
+		mirrored bool
 	}
 	listed := make(chan listing, 1)
 	go func() {
+		if p.compositions.current(ctx, p.cfg.Store.Compositions) {
+			listed <- listing{keys: p.compositions.keysOf(node), mirrored: true}
+			return
+		}
 		keys, err := p.cfg.Store.CompositionKeys(ctx, node)
-		listed <- listing{keys, err}
+		listed <- listing{keys: keys, err: err}
 	}()
-	st, err := p.read(ctx, node)
+	// The reconciler's passes (RunThenFinish) decide on what its watches
+	// delivered; a plan's, and its Apply's, on the buckets.
+	st, err := p.read(ctx, node, later != nil)
 	if err != nil {
 		return nil, err
 	}
@@ -515,6 +559,10 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 		st.listed = make(map[string]bool, len(l.keys))
 		for _, k := range l.keys {
 			st.listed[k] = true
+		}
+		if l.mirrored {
+			// The compare looks the keys up in the mirror found current.
+			st.mirror = 1
 		}
 	} else {
 		p.cfg.Logger.WarnContext(ctx, "list the node's compositions; reading each", "node", node, "error", l.err)

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -904,5 +906,132 @@ func TestStatusFromTheHavesAfterIt(t *testing.T) {
 	if !st.GetConverged() || st.GetAppliedRevision() != asg.GetManifestRevision() {
 		t.Errorf("status built from the haves the pass read at its start: converged %v, applied r%d (the engine reports r%d)",
 			st.GetConverged(), st.GetAppliedRevision(), asg.GetManifestRevision())
+	}
+}
+
+// TestReconcilerPassesDecideOnTheWatchedCopies: the reconciler's passes
+// (RunThenFinish) take the node's spec and haves record from the
+// composer's watches instead of reading them again; a plan reads the
+// buckets; and a part the watch holds no message of (it did not decode) is
+// read from the bucket. The status takes the watched haves record too.
+func TestReconcilerPassesDecideOnTheWatchedCopies(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	ctx := context.Background()
+	spec := &composerv1.NodeSpec{}
+	rev, err := s.w.Get(t, natsx.BucketNodes, "ace", spec)
+	ct.Must(t, err)
+	// The watch's copy places nothing; the bucket's places motd.
+	bare := proto.CloneOf(spec)
+	bare.Modules = nil
+	var watched atomic.Pointer[pass.Watched]
+	watched.Store(&pass.Watched{Spec: bare, SpecRev: rev})
+	pass.SetWatched(s.c.Passer, func(string) pass.Watched { return *watched.Load() })
+	places := func(res *pass.Result) bool {
+		for _, w := range res.Wants {
+			if w.GetModule() == "motd" {
+				return true
+			}
+		}
+		return false
+	}
+
+	plan, err := s.c.Passer.Run(ctx, "ace", pass.Plan, nil)
+	ct.Must(t, err)
+	if !places(plan) {
+		t.Errorf("a plan decided on the watched spec (wants %v); it reads the bucket", plan.Wants)
+	}
+	res, finish, err := s.c.Passer.RunThenFinish(ctx, "ace")
+	ct.Must(t, err)
+	if finish != nil {
+		finish()
+	}
+	if places(res) || res.Inputs.GetSpecRevision() != rev {
+		t.Errorf("the reconciler's pass read the bucket: wants %v, spec r%d; want the watched spec r%d placing nothing", res.Wants, res.Inputs.GetSpecRevision(), rev)
+	}
+	watched.Store(&pass.Watched{SpecRev: rev})
+	res, finish, err = s.c.Passer.RunThenFinish(ctx, "ace")
+	ct.Must(t, err)
+	if finish != nil {
+		finish()
+	}
+	if !places(res) {
+		t.Errorf("a spec the watch holds no message of was not read from the bucket: wants %v", res.Wants)
+	}
+
+	// The engine's report is in the watch and not (yet) read back: the
+	// status is built from it.
+	asg, _, err := s.w.Assignment(t, "ace")
+	ct.Must(t, err)
+	var haves []*composerv1.Have
+	for _, w := range asg.GetWants() {
+		haves = append(haves, &composerv1.Have{Module: w.GetModule(),
+			Applied: &composerv1.AppliedRef{Fingerprint: w.GetFingerprint(), Key: w.GetCompositionKey(), Digest: w.GetCompositionDigest()}})
+	}
+	reported := &composerv1.HaveRecord{Node: "ace", ReportSeq: 2, Haves: haves,
+		Applied: &composerv1.ManifestRef{Revision: asg.GetManifestRevision(), Digest: asg.GetManifestDigest()}}
+	watched.Store(&pass.Watched{SpecRev: rev, Haves: reported, HavesRev: 7})
+	ct.Must(t, pass.PutStatus(ctx, s.c.Passer, "ace", asg, nil))
+	st := &composerv1.NodeStatus{}
+	if _, err := s.w.Get(t, natsx.BucketStatus, "ace", st); err != nil {
+		t.Fatal(err)
+	}
+	if !st.GetConverged() || st.GetAppliedRevision() != asg.GetManifestRevision() {
+		t.Errorf("status not built from the watched haves record: converged %v, applied r%d; want r%d",
+			st.GetConverged(), st.GetAppliedRevision(), asg.GetManifestRevision())
+	}
+}
+
+// TestReconcilerPassTakesTheWatchedAssignment: once the assignments watch
+// delivered the composer's own last commit of a node, the reconciler's
+// next pass takes the assignment from it instead of reading it; while the
+// composer wrote a newer one than the watch holds, the pass reads it.
+func TestReconcilerPassTakesTheWatchedAssignment(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	w := ct.New(t, ct.Options{TracerProvider: tp})
+	c := w.StartManual(t, "one")
+	fp := w.Release(t, ct.Motd("1.0"), nil)
+	ct.WaitFor(t, "registration seen", 10*time.Second, func() (bool, string) {
+		r, ok := c.View.Registration("motd")
+		return ok && r.GetFingerprint() == fp, "not yet"
+	})
+	c.PutNode(t, ct.Spec("ace", "motd"))
+	c.WaitSpec(t, "ace")
+	if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
+		t.Fatalf("first pass: committed %v, %v", res.Committed, res.Err)
+	}
+	_, rev, err := w.Assignment(t, "ace")
+	ct.Must(t, err)
+	ct.WaitFor(t, "the commit watched", 10*time.Second, func() (bool, string) {
+		got := pass.WatchedAssignmentRev(c.Passer, "ace")
+		return got == rev, fmt.Sprintf("watched r%d, committed r%d", got, rev)
+	})
+	reads := func() (int, *pass.Result) {
+		t.Helper()
+		ctx, root := tp.Tracer("test").Start(context.Background(), "test pass")
+		res, finish, err := c.Passer.RunThenFinish(ctx, "ace")
+		if finish != nil {
+			finish()
+		}
+		root.End()
+		ct.Must(t, err)
+		n := 0
+		for _, s := range exp.GetSpans() {
+			if s.SpanContext.TraceID() == root.SpanContext().TraceID() && s.Name == "kv.get assignments" {
+				n++
+			}
+		}
+		return n, res
+	}
+	if n, res := reads(); n != 0 || res.Inputs.GetAssignmentRevision() != rev {
+		t.Errorf("pass after the commit was watched: %d assignment reads, decided on r%d; want none, r%d", n, res.Inputs.GetAssignmentRevision(), rev)
+	}
+	// A commit of this composer's the watch has not delivered: read.
+	pass.NoteOwnWrite(c.Passer, natsx.BucketAssignments, "ace", rev+1000)
+	if n, _ := reads(); n != 1 {
+		t.Errorf("pass while the watch is behind this composer's last commit: %d assignment reads, want 1", n)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"time"
@@ -79,6 +80,13 @@ func (p *Passer) prune(ctx context.Context, node string, asg *composerv1.Assignm
 			continue
 		}
 		e, err := p.cfg.Store.CompositionMeta(ctx, key)
+		if errors.Is(err, store.ErrNotFound) {
+			// Nothing of it is left in the stream (a marker removed since
+			// it was listed): not a key of the node.
+			p.compositions.forgetMarker(key, math.MaxUint64)
+			count[k.Module]--
+			continue
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("prune %s: module %s skipped: %w", node, k.Module, err))
 			count[k.Module] = 0
@@ -100,6 +108,8 @@ func (p *Passer) prune(ctx context.Context, node string, asg *composerv1.Assignm
 				if p.cfg.Now().Sub(e.Created) > markerAge {
 					if err := p.cfg.Store.PurgeMarker(ctx, e.Key, e.Revision); err != nil {
 						p.cfg.Logger.WarnContext(ctx, "prune: remove a delete marker", "key", e.Key, "error", err)
+					} else {
+						p.compositions.forgetMarker(e.Key, e.Revision)
 					}
 				}
 				continue

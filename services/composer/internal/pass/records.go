@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"mesh.dev/internal/envelope"
+	"mesh.dev/internal/names"
 	"mesh.dev/internal/natsx"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
@@ -47,9 +49,15 @@ type mirror struct {
 	onWrite  func(e *natsx.Entry)
 	onResync func()
 
+	// nodeOf, when set, names the node a key belongs to ("" none), and
+	// byNode indexes the keys by it, so a node's keys are listed without
+	// a look at every key (see keysOf).
+	nodeOf func(key string) string
+
 	mu      sync.Mutex
 	changed *sync.Cond
 	m       map[string]mirrored
+	byNode  map[string]map[string]struct{}
 	// seen is the last stream sequence delivered; ready is set once the
 	// initial values were; running while the watch runs.
 	seen           uint64
@@ -66,9 +74,75 @@ type mirrored struct {
 }
 
 func newMirror(name string, summary func([]byte) (string, string)) *mirror {
-	m := &mirror{name: name, summary: summary, m: map[string]mirrored{}}
+	m := &mirror{name: name, summary: summary, m: map[string]mirrored{}, byNode: map[string]map[string]struct{}{}}
 	m.changed = sync.NewCond(&m.mu)
 	return m
+}
+
+// compositionNode is the node a composition key belongs to, "" for one
+// that does not parse or is a node's own (outside <node>.*.*).
+func compositionNode(key string) string {
+	k, err := names.ParseCompositionKey(key)
+	if err != nil || k.IsNodeOwn() {
+		return ""
+	}
+	return k.Node
+}
+
+// resetLocked empties the mirror.
+func (m *mirror) resetLocked() {
+	m.m, m.byNode, m.seen = map[string]mirrored{}, map[string]map[string]struct{}{}, 0
+}
+
+// putLocked keeps what a key holds.
+func (m *mirror) putLocked(key string, v mirrored) {
+	m.m[key] = v
+	if m.nodeOf == nil {
+		return
+	}
+	if node := m.nodeOf(key); node != "" {
+		keys := m.byNode[node]
+		if keys == nil {
+			keys = map[string]struct{}{}
+			m.byNode[node] = keys
+		}
+		keys[key] = struct{}{}
+	}
+}
+
+// forgetMarker drops a key the mirror holds a marker of at rev or below,
+// once the stream holds nothing of it any more (the marker removed): a
+// later write has a higher revision, or is a value, and stays.
+func (m *mirror) forgetMarker(key string, rev uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v, ok := m.m[key]
+	if !ok || v.put || v.rev > rev {
+		return
+	}
+	delete(m.m, key)
+	if m.nodeOf == nil {
+		return
+	}
+	if node := m.nodeOf(key); node != "" {
+		delete(m.byNode[node], key)
+		if len(m.byNode[node]) == 0 {
+			delete(m.byNode, node)
+		}
+	}
+}
+
+// keysOf lists a node's keys the mirror holds a message of, value or
+// marker, sorted: what the stream holds once current said so.
+func (m *mirror) keysOf(node string) []string {
+	m.mu.Lock()
+	keys := make([]string, 0, len(m.byNode[node]))
+	for k := range m.byNode[node] {
+		keys = append(keys, k)
+	}
+	m.mu.Unlock()
+	slices.Sort(keys)
+	return keys
 }
 
 // recordSummary is the sha256 of a judgement record's bytes.
@@ -113,7 +187,7 @@ func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
 	defer func() {
 		m.mu.Lock()
 		m.running, m.ready = false, false
-		m.m, m.seen = map[string]mirrored{}, 0
+		m.resetLocked()
 		m.changed.Broadcast()
 		m.mu.Unlock()
 	}()
@@ -131,7 +205,7 @@ func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
 			// delivers everything again, up to its next nil marker.
 			m.mu.Lock()
 			m.ready = false
-			m.m, m.seen = map[string]mirrored{}, 0
+			m.resetLocked()
 			m.changed.Broadcast()
 			m.mu.Unlock()
 			if m.onResync != nil {
@@ -145,7 +219,7 @@ func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
 			v.sum, v.signatures = m.summary(e.Value)
 		}
 		m.mu.Lock()
-		m.m[e.Key] = v
+		m.putLocked(e.Key, v)
 		m.seen = max(m.seen, e.Revision)
 		ready := m.ready
 		m.changed.Broadcast()

@@ -112,8 +112,12 @@ const statusAttempts = 3
 // before, used only when the record cannot be read now), by CAS. The engine
 // reports while a pass runs: a status built from the haves the pass read
 // at its start, written after a have report's refresh, would say the node
-// applied nothing until its next report. lastErr gives the compose error
-// to show, from the status being replaced.
+// applied nothing until its next report. The record is the one the haves
+// watch delivered last when there is one (Config.Watched): the watch keeps
+// it before it asks for the refresh or pass a newer record calls for, so a
+// status read after that refresh's write is built from that record or a
+// newer one, and one read before it is replaced by that refresh. lastErr
+// gives the compose error to show, from the status being replaced.
 func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, lastErr func(prev *composerv1.NodeStatus) error) error {
 	var err error
 	for range statusAttempts {
@@ -124,13 +128,7 @@ func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Ass
 			}
 			prev = nil // does not decode: replaced
 		}
-		now, _, herr := p.cfg.Store.Have(ctx, node)
-		switch {
-		case herr == nil:
-			haves = now
-		case errors.Is(herr, store.ErrNotFound):
-			haves = nil
-		}
+		haves = p.havesNow(ctx, node, haves)
 		var seen time.Time
 		if p.cfg.LastSeen != nil {
 			seen = p.cfg.LastSeen(node)
@@ -146,6 +144,24 @@ func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Ass
 		}
 	}
 	return fmt.Errorf("status of %s: %w", node, err)
+}
+
+// havesNow returns a node's haves record as the watch delivered it last,
+// else as the bucket holds it; before when it cannot be read.
+func (p *Passer) havesNow(ctx context.Context, node string, before *composerv1.HaveRecord) *composerv1.HaveRecord {
+	if p.cfg.Watched != nil {
+		if w := p.cfg.Watched(node); w.Haves != nil {
+			return w.Haves
+		}
+	}
+	now, _, err := p.cfg.Store.Have(ctx, node)
+	switch {
+	case err == nil:
+		return now
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	}
+	return before
 }
 
 // RefreshStatus rewrites a node's status from its assignment and haves

@@ -92,9 +92,9 @@ type Reconciler struct {
 	specs     map[string]*composerv1.NodeSpec
 	approvals map[string]*composerv1.Approval
 	haves     map[string]*composerv1.HaveRecord
-	// known are the revisions of each node's spec and haves record the
-	// watches delivered last (see Known).
-	known     map[string]knownRevs
+	// known are each node's spec and haves record as the watches
+	// delivered them last, with their revisions (see Watched).
+	known     map[string]pass.Watched
 	nextVisit map[string]time.Time
 	// failures counts each node's passes failed in a row.
 	failures map[string]int
@@ -119,7 +119,7 @@ func New(cfg Config) *Reconciler {
 	}
 	return &Reconciler{cfg: cfg, pending: map[string]task{}, running: map[string]bool{}, dirty: map[string]task{},
 		wake: make(chan struct{}, 1), specs: map[string]*composerv1.NodeSpec{}, haves: map[string]*composerv1.HaveRecord{},
-		approvals: map[string]*composerv1.Approval{}, known: map[string]knownRevs{},
+		approvals: map[string]*composerv1.Approval{}, known: map[string]pass.Watched{},
 		nextVisit: map[string]time.Time{}, failures: map[string]int{}}
 }
 
@@ -240,27 +240,32 @@ func (r *Reconciler) Nodes() []string {
 	return out
 }
 
-type knownRevs struct{ spec, haves uint64 }
-
-// setKnownLocked keeps a node's known revisions (none kept for a node
-// with neither).
-func (r *Reconciler) setKnownLocked(node string, k knownRevs) {
-	if k == (knownRevs{}) {
+// setKnownLocked keeps what the watches delivered last of a node (nothing
+// kept for a node with neither).
+func (r *Reconciler) setKnownLocked(node string, k pass.Watched) {
+	if k.SpecRev == 0 && k.HavesRev == 0 {
 		delete(r.known, node)
 		return
 	}
 	r.known[node] = k
 }
 
-// Known returns the revisions of a node's spec and haves record the
-// watches delivered last, 0 for none (pass.Config.Known). A delete, or a
-// watch that started over, replaces them: they are never above what the
-// bucket now holds for long.
-func (r *Reconciler) Known(node string) (spec, haves uint64) {
+// Watched returns the node spec and haves record the watches delivered
+// last, with their revisions (0 for none; a value that did not decode has
+// its revision and no message) (pass.Config.Watched). A delete, or a watch
+// that started over, replaces them: they are never above what the bucket
+// now holds for long. The messages are the caller's own copies.
+func (r *Reconciler) Watched(node string) pass.Watched {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	k := r.known[node]
-	return k.spec, k.haves
+	r.mu.Unlock()
+	if k.Spec != nil {
+		k.Spec = proto.CloneOf(k.Spec)
+	}
+	if k.Haves != nil {
+		k.Haves = proto.CloneOf(k.Haves)
+	}
+	return k
 }
 
 // Spec returns a node's spec as the nodes watch last delivered it.
@@ -297,11 +302,19 @@ func (r *Reconciler) watchSpecs(ctx context.Context) error {
 		}
 		node := e.Key
 		tctx := e.TraceContext(context.Background())
+		var spec *composerv1.NodeSpec
+		if e.Op == jetstream.KeyValuePut {
+			spec = &composerv1.NodeSpec{}
+			if err := proto.Unmarshal(e.Value, spec); err != nil {
+				r.cfg.Logger.Warn("node spec does not decode", "node", node, "error", err)
+				spec = nil
+			}
+		}
 		r.mu.Lock()
 		k := r.known[node]
-		k.spec = 0
+		k.SpecRev, k.Spec = 0, spec
 		if e.Op == jetstream.KeyValuePut {
-			k.spec = e.Revision
+			k.SpecRev = e.Revision
 		}
 		r.setKnownLocked(node, k)
 		r.mu.Unlock()
@@ -317,9 +330,7 @@ func (r *Reconciler) watchSpecs(ctx context.Context) error {
 			r.Enqueue(tctx, node, "node spec deleted")
 			continue
 		}
-		spec := &composerv1.NodeSpec{}
-		if err := proto.Unmarshal(e.Value, spec); err != nil {
-			r.cfg.Logger.Warn("node spec does not decode", "node", node, "error", err)
+		if spec == nil {
 			continue
 		}
 		r.mu.Lock()
@@ -452,11 +463,18 @@ func (r *Reconciler) watchHaves(ctx context.Context) error {
 			initial = false
 			continue
 		}
+		var rec *composerv1.HaveRecord
+		if e.Op == jetstream.KeyValuePut {
+			rec = &composerv1.HaveRecord{}
+			if proto.Unmarshal(e.Value, rec) != nil {
+				rec = nil
+			}
+		}
 		r.mu.Lock()
 		k := r.known[e.Key]
-		k.haves = 0
+		k.HavesRev, k.Haves = 0, rec
 		if e.Op == jetstream.KeyValuePut {
-			k.haves = e.Revision
+			k.HavesRev = e.Revision
 		}
 		r.setKnownLocked(e.Key, k)
 		r.mu.Unlock()
@@ -468,8 +486,7 @@ func (r *Reconciler) watchHaves(ctx context.Context) error {
 			r.mu.Unlock()
 			continue
 		}
-		rec := &composerv1.HaveRecord{}
-		if proto.Unmarshal(e.Value, rec) != nil {
+		if rec == nil {
 			continue
 		}
 		r.mu.Lock()
