@@ -48,3 +48,12 @@ func WatchedAssignmentRev(p *Passer, node string) uint64 {
 
 // NoteOwnWrite records a write as the Passer's own.
 func NoteOwnWrite(p *Passer, bucket, key string, rev uint64) { p.own.wrote(bucket, key, rev, false) }
+
+// CompositionsMirrorCurrent reports whether the composition mirror is
+// current now.
+func CompositionsMirrorCurrent(p *Passer) bool {
+	return p.compositions.current(context.Background(), p.cfg.Store.Compositions)
+}
+
+// NoteOwnDelete records a delete as the Passer's own.
+func NoteOwnDelete(p *Passer, bucket, key string) { p.own.wrote(bucket, key, 0, true) }

@@ -46,7 +46,9 @@ type ownWrite struct {
 	// when.
 	revs    []ownRev
 	deleted bool
-	at      time.Time
+	// deletedAt is when the key was last deleted.
+	deletedAt time.Time
+	at        time.Time
 }
 
 type ownRev struct {
@@ -80,7 +82,7 @@ func (o *ownWrites) wrote(bucket, key string, rev uint64, deleted bool) {
 	}
 	w.at = now
 	if deleted {
-		w.deleted = true
+		w.deleted, w.deletedAt = true, now
 		return
 	}
 	// Every write of the last ownKept, however many: a node composed
@@ -103,6 +105,15 @@ func (o *ownWrites) last(bucket, key string) uint64 {
 		}
 	}
 	return last
+}
+
+// deletedLately reports whether this composer deleted a key within
+// ownKept: a watch may not have delivered the delete yet.
+func (o *ownWrites) deletedLately(bucket, key string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	w := o.m[ownKey(bucket, key)]
+	return w != nil && time.Since(w.deletedAt) <= ownKept
 }
 
 // own reports whether this composer made a write a watch delivered.
@@ -183,16 +194,17 @@ func (w *watchedAssignments) setReady(ready bool) {
 
 // watchedAssignment returns a node's assignment as the watch delivered it
 // last, a copy, when the watch is caught up, it decoded, and it is this
-// composer's last write of it or newer; ok false when the pass must read
-// it. A newer one the watch has not delivered yet can only be another
-// writer's: its delivery asks for a pass, and the commit's CAS refuses to
+// composer's last write of it within ownKept or newer, with no delete of
+// it by this composer since; ok false when the pass must read it. A newer
+// write the watch has not delivered yet can only be another writer's: its
+// delivery asks for a pass (judgeWrite), and the commit's CAS refuses to
 // replace what this one did not read.
 func (p *Passer) watchedAssignment(node string) (*composerv1.Assignment, uint64, bool) {
 	p.assignments.mu.Lock()
 	w, ok := p.assignments.m[node]
 	ok = ok && p.assignments.ready && w.a != nil
 	p.assignments.mu.Unlock()
-	if !ok || w.rev < p.own.last(natsx.BucketAssignments, node) {
+	if !ok || w.rev < p.own.last(natsx.BucketAssignments, node) || p.own.deletedLately(natsx.BucketAssignments, node) {
 		return nil, 0, false
 	}
 	return proto.CloneOf(w.a), w.rev, true

@@ -67,7 +67,9 @@ type Config struct {
 	// Watched, when set, returns a node's spec and haves record as the
 	// composer's watches delivered them last. A pass the reconciler runs
 	// takes them from there: whatever is written after is delivered too,
-	// and calls for a pass or a status of its own, so reading the bucket
+	// and calls for a pass or a status of its own (a delete of the haves
+	// of a node that has a spec calls for a pass; a node this composer
+	// deleted lately is read from the buckets), so reading the bucket
 	// again would only cost a round trip to the stream. A pass with plan
 	// inputs to meet, and a part the watch holds no message of, reads the
 	// bucket at the revision delivered or later, since the buckets answer
@@ -299,6 +301,10 @@ func (p *Passer) read(ctx context.Context, node string, watched bool) (*nodeStat
 	if p.cfg.Watched != nil {
 		w = p.cfg.Watched(node)
 	}
+	// A node this composer deleted lately (DeleteNode) may be re-created
+	// before the watches delivered the deletes: what they hold may be the
+	// old node's.
+	watched = watched && !p.own.deletedLately(natsx.BucketHaves, node)
 	// The reads are independent: one round trip instead of three.
 	var specErr, asgErr, havesErr error
 	var wg sync.WaitGroup
@@ -560,8 +566,10 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 		for _, k := range l.keys {
 			st.listed[k] = true
 		}
+		// The compare looks the keys up in the mirror found current, and
+		// does not ask again of one found behind.
+		st.mirror = 2
 		if l.mirrored {
-			// The compare looks the keys up in the mirror found current.
 			st.mirror = 1
 		}
 	} else {

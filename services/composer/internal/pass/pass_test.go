@@ -982,11 +982,13 @@ func TestReconcilerPassesDecideOnTheWatchedCopies(t *testing.T) {
 	}
 }
 
-// TestReconcilerPassTakesTheWatchedAssignment: once the assignments watch
-// delivered the composer's own last commit of a node, the reconciler's
-// next pass takes the assignment from it instead of reading it; while the
-// composer wrote a newer one than the watch holds, the pass reads it.
-func TestReconcilerPassTakesTheWatchedAssignment(t *testing.T) {
+// TestReconcilerPassReadsOnlyWhatTheWatchesLack: once the watches
+// delivered the node's spec, haves record and this composer's own last
+// commit of its assignment, and the composition mirror is current, the
+// reconciler's pass reads none of them nor lists the node's keys from the
+// stream; while the composer wrote a newer assignment than the watch
+// holds, or deleted the node's records lately, the pass reads them.
+func TestReconcilerPassReadsOnlyWhatTheWatchesLack(t *testing.T) {
 	t.Parallel()
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
@@ -1005,11 +1007,13 @@ func TestReconcilerPassTakesTheWatchedAssignment(t *testing.T) {
 	}
 	_, rev, err := w.Assignment(t, "ace")
 	ct.Must(t, err)
-	ct.WaitFor(t, "the commit watched", 10*time.Second, func() (bool, string) {
-		got := pass.WatchedAssignmentRev(c.Passer, "ace")
-		return got == rev, fmt.Sprintf("watched r%d, committed r%d", got, rev)
+	havesRev := w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", ReportSeq: 1})
+	ct.WaitFor(t, "the commit and the haves watched, the mirror current", 10*time.Second, func() (bool, string) {
+		got, haves := pass.WatchedAssignmentRev(c.Passer, "ace"), c.Reconciler.Watched("ace").HavesRev
+		return got == rev && haves == havesRev && pass.CompositionsMirrorCurrent(c.Passer),
+			fmt.Sprintf("watched assignment r%d (committed r%d), haves r%d (written r%d)", got, rev, haves, havesRev)
 	})
-	reads := func() (int, *pass.Result) {
+	reads := func() (map[string]int, *pass.Result) {
 		t.Helper()
 		ctx, root := tp.Tracer("test").Start(context.Background(), "test pass")
 		res, finish, err := c.Passer.RunThenFinish(ctx, "ace")
@@ -1018,20 +1022,32 @@ func TestReconcilerPassTakesTheWatchedAssignment(t *testing.T) {
 		}
 		root.End()
 		ct.Must(t, err)
-		n := 0
+		n := map[string]int{}
 		for _, s := range exp.GetSpans() {
-			if s.SpanContext.TraceID() == root.SpanContext().TraceID() && s.Name == "kv.get assignments" {
-				n++
+			if s.SpanContext.TraceID() == root.SpanContext().TraceID() {
+				n[s.Name]++
 			}
 		}
 		return n, res
 	}
-	if n, res := reads(); n != 0 || res.Inputs.GetAssignmentRevision() != rev {
-		t.Errorf("pass after the commit was watched: %d assignment reads, decided on r%d; want none, r%d", n, res.Inputs.GetAssignmentRevision(), rev)
+	n, res := reads()
+	for _, name := range []string{"kv.get assignments", "kv.get nodes", "kv.get haves", "kv.list_subjects compositions"} {
+		if n[name] != 0 {
+			t.Errorf("pass with everything watched: %d %s spans; want none", n[name], name)
+		}
+	}
+	if res.Inputs.GetAssignmentRevision() != rev || res.Inputs.GetHavesRevision() != havesRev {
+		t.Errorf("pass decided on assignment r%d, haves r%d; want the watched r%d, r%d", res.Inputs.GetAssignmentRevision(), res.Inputs.GetHavesRevision(), rev, havesRev)
 	}
 	// A commit of this composer's the watch has not delivered: read.
 	pass.NoteOwnWrite(c.Passer, natsx.BucketAssignments, "ace", rev+1000)
-	if n, _ := reads(); n != 1 {
-		t.Errorf("pass while the watch is behind this composer's last commit: %d assignment reads, want 1", n)
+	if n, _ := reads(); n["kv.get assignments"] != 1 {
+		t.Errorf("pass while the watch is behind this composer's last commit: %d assignment reads, want 1", n["kv.get assignments"])
+	}
+	// The node's haves deleted by this composer lately (its node deleted
+	// and re-created): the watch may still hold the old node's record.
+	pass.NoteOwnDelete(c.Passer, natsx.BucketHaves, "ace")
+	if n, _ := reads(); n["kv.get haves"] == 0 {
+		t.Errorf("pass right after this composer deleted the node's haves took the watched record; want it read")
 	}
 }

@@ -483,7 +483,14 @@ func (r *Reconciler) watchHaves(ctx context.Context) error {
 			// over after a store went back): its next report is a change.
 			r.mu.Lock()
 			delete(r.haves, e.Key)
+			_, placed := r.specs[e.Key]
+			leading := r.leading
 			r.mu.Unlock()
+			if placed && leading {
+				// A pass may have decided on the record before it (passes
+				// take the watched one, see Watched).
+				r.Enqueue(e.TraceContext(context.Background()), e.Key, "the haves record was deleted")
+			}
 			continue
 		}
 		if rec == nil {

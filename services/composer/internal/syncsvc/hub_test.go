@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -394,9 +396,28 @@ func TestWriteHaves(t *testing.T) {
 // report is checked against the bucket too.
 func TestWriteHavesOverTheWatchedRecord(t *testing.T) {
 	t.Parallel()
-	w := newSyncWorld(t)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	_, js := testutil.ConnectJetStream(t, testutil.StartJetStream(t))
+	st, err := store.Open(context.Background(), js, 1, 10*time.Second, tp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &syncWorld{st: st}
 	hub := NewHub(w.st, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
+	// reads counts the reads of the haves bucket since the last count.
+	reads := func() int {
+		n := 0
+		for _, s := range exp.GetSpans() {
+			if s.Name == "kv.get haves" {
+				n++
+			}
+		}
+		exp.Reset()
+		return n
+	}
 	rec := func(seq uint64, reason string) *composerv1.HaveRecord {
 		return &composerv1.HaveRecord{Node: "ace", ReportSeq: seq, Haves: []*composerv1.Have{{Module: "web",
 			Attempt: &composerv1.Attempt{State: composerv1.AttemptState_ATTEMPT_STATE_HELD, Reason: reason}}}}
@@ -420,8 +441,12 @@ func TestWriteHavesOverTheWatchedRecord(t *testing.T) {
 	_, _, rev := held()
 
 	watch(rec(10, "ten"), rev)
+	reads()
 	if err := hub.writeHaves(ctx, rec(11, "eleven")); err != nil {
 		t.Fatal(err)
+	}
+	if n := reads(); n != 0 {
+		t.Errorf("a report over the current watched record read the bucket %d times; want none", n)
 	}
 	if seq, reason, now := held(); seq != 11 || reason != "eleven" || now == rev {
 		t.Fatalf("over the current watched record: held %d %q r%d; want 11 \"eleven\" written", seq, reason, now)
@@ -433,8 +458,12 @@ func TestWriteHavesOverTheWatchedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _, rev20 := held()
+	reads()
 	if err := hub.writeHaves(ctx, rec(15, "fifteen")); err != nil {
 		t.Fatal(err)
+	}
+	if n := reads(); n != 1 {
+		t.Errorf("a report over a watched record the bucket moved past read the bucket %d times; want once, after the conflict", n)
 	}
 	if seq, reason, now := held(); seq != 20 || reason != "twenty" || now != rev20 {
 		t.Errorf("over a watched record the bucket moved past: held %d %q r%d; want 20 \"twenty\" left at r%d", seq, reason, now, rev20)
