@@ -42,15 +42,7 @@ func TestMirrorAfterTheStoreWentBack(t *testing.T) {
 		}
 	}
 	m := newMirror("test", recordSummary)
-	fctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- m.follow(fctx, kv) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("follow: %v", err)
-		}
-	})
+	following(t, m, kv)
 	sum := func(v string) string { s, _ := recordSummary([]byte(v)); return s }
 	holds := func(key, value string) (bool, string) {
 		v, ok := m.lookup(key)
@@ -94,6 +86,19 @@ func TestMirrorAfterTheStoreWentBack(t *testing.T) {
 	waitCurrent("the mirror holds what the bucket holds after it went back", map[string]string{"a": "1", "b": "1", "lost": ""})
 	put("c", "1")
 	waitCurrent("the mirror follows the writes after the store went back", map[string]string{"c": "1"})
+}
+
+// following runs m's watch of kv until the test ends.
+func following(t *testing.T, m *mirror, kv *natsx.KV) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.follow(ctx, kv) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("follow: %v", err)
+		}
+	})
 }
 
 // TestMirrorNotCurrentAheadOfTheStream: a mirror that saw more of the
@@ -172,15 +177,7 @@ func TestMirrorListsANodesKeys(t *testing.T) {
 	}
 	m := newMirror("test", recordSummary)
 	m.nodeOf = compositionNode
-	fctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- m.follow(fctx, kv) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("follow: %v", err)
-		}
-	})
+	following(t, m, kv)
 	fa, fb := strings.Repeat("a", 64), strings.Repeat("b", 64)
 	a, b, other := "ace.motd."+fa, "ace.web."+fb, "bee.motd."+fa
 	for _, k := range []string{a, b, "ace.node", other} {

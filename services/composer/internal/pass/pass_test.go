@@ -878,6 +878,18 @@ func TestCommitOneCAS(t *testing.T) {
 	}
 }
 
+// appliedAll is the haves record of an engine that applied an assignment
+// whole, reported at seq.
+func appliedAll(asg *composerv1.Assignment, seq uint64) *composerv1.HaveRecord {
+	var haves []*composerv1.Have
+	for _, w := range asg.GetWants() {
+		haves = append(haves, &composerv1.Have{Module: w.GetModule(),
+			Applied: &composerv1.AppliedRef{Fingerprint: w.GetFingerprint(), Key: w.GetCompositionKey(), Digest: w.GetCompositionDigest()}})
+	}
+	return &composerv1.HaveRecord{Node: asg.GetNode(), ReportSeq: seq, Haves: haves,
+		Applied: &composerv1.ManifestRef{Revision: asg.GetManifestRevision(), Digest: asg.GetManifestDigest()}}
+}
+
 // TestStatusFromTheHavesAfterIt: the engine reports while a pass runs (it
 // applies the assignment the pass just committed before the pass's status
 // is written). The status the pass writes is built from the haves record
@@ -890,13 +902,7 @@ func TestStatusFromTheHavesAfterIt(t *testing.T) {
 	ctx := context.Background()
 	asg, _, err := s.w.Assignment(t, "ace")
 	ct.Must(t, err)
-	var haves []*composerv1.Have
-	for _, w := range asg.GetWants() {
-		haves = append(haves, &composerv1.Have{Module: w.GetModule(),
-			Applied: &composerv1.AppliedRef{Fingerprint: w.GetFingerprint(), Key: w.GetCompositionKey(), Digest: w.GetCompositionDigest()}})
-	}
-	s.w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", ReportSeq: 2, Haves: haves,
-		Applied: &composerv1.ManifestRef{Revision: asg.GetManifestRevision(), Digest: asg.GetManifestDigest()}})
+	s.w.Put(t, natsx.BucketHaves, "ace", appliedAll(asg, 2))
 	stale := &composerv1.HaveRecord{Node: "ace", ReportSeq: 1}
 	ct.Must(t, pass.PutStatus(ctx, s.c.Passer, "ace", asg, stale))
 	st := &composerv1.NodeStatus{}
@@ -963,14 +969,7 @@ func TestReconcilerPassesDecideOnTheWatchedCopies(t *testing.T) {
 	// status is built from it.
 	asg, _, err := s.w.Assignment(t, "ace")
 	ct.Must(t, err)
-	var haves []*composerv1.Have
-	for _, w := range asg.GetWants() {
-		haves = append(haves, &composerv1.Have{Module: w.GetModule(),
-			Applied: &composerv1.AppliedRef{Fingerprint: w.GetFingerprint(), Key: w.GetCompositionKey(), Digest: w.GetCompositionDigest()}})
-	}
-	reported := &composerv1.HaveRecord{Node: "ace", ReportSeq: 2, Haves: haves,
-		Applied: &composerv1.ManifestRef{Revision: asg.GetManifestRevision(), Digest: asg.GetManifestDigest()}}
-	watched.Store(&pass.Watched{SpecRev: rev, Haves: reported, HavesRev: 7})
+	watched.Store(&pass.Watched{SpecRev: rev, Haves: appliedAll(asg, 2), HavesRev: 7})
 	ct.Must(t, pass.PutStatus(ctx, s.c.Passer, "ace", asg, nil))
 	st := &composerv1.NodeStatus{}
 	if _, err := s.w.Get(t, natsx.BucketStatus, "ace", st); err != nil {
