@@ -493,8 +493,10 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	listed := make(chan listing, 1)
 	go func() {
 		if p.compositions.current(ctx, p.cfg.Store.Compositions) {
-			listed <- listing{keys: p.compositions.keysOf(node), mirrored: true}
-			return
+			if keys, ok := p.compositions.keysOf(node); ok {
+				listed <- listing{keys: keys, mirrored: true}
+				return
+			}
 		}
 		keys, err := p.cfg.Store.CompositionKeys(ctx, node)
 		listed <- listing{keys: keys, err: err}

@@ -133,16 +133,22 @@ func (m *mirror) forgetMarker(key string, rev uint64) {
 }
 
 // keysOf lists a node's keys the mirror holds a message of, value or
-// marker, sorted: what the stream holds once current said so.
-func (m *mirror) keysOf(node string) []string {
+// marker, sorted: what the stream holds once current said so. ok is false
+// when the mirror stopped or started over since (its list would be
+// partial).
+func (m *mirror) keysOf(node string) (keys []string, ok bool) {
 	m.mu.Lock()
-	keys := make([]string, 0, len(m.byNode[node]))
+	if !m.running || !m.ready {
+		m.mu.Unlock()
+		return nil, false
+	}
+	keys = make([]string, 0, len(m.byNode[node]))
 	for k := range m.byNode[node] {
 		keys = append(keys, k)
 	}
 	m.mu.Unlock()
 	slices.Sort(keys)
-	return keys
+	return keys, true
 }
 
 // recordSummary is the sha256 of a judgement record's bytes.
