@@ -73,7 +73,11 @@ func TestEngineStartedWithComposerDown(t *testing.T) {
 		case s.GetConnected() || s.GetConnectionError() == "" || s.GetConnectionError() == "not connected to a composer yet":
 			return false, fmt.Sprintf("connected %v: %q", s.GetConnected(), s.GetConnectionError())
 		case len(s.GetHaves()) == 0:
-			return false, "no haves yet (no pass ran)"
+			return false, "no haves yet"
+		case len(s.GetWants()) == 0:
+			// The haves are reported from the moment the engine is open;
+			// the wants once its first pass ran.
+			return false, "no wants yet (no pass ran)"
 		}
 		return true, ""
 	})
