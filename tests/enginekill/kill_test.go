@@ -542,6 +542,10 @@ func (k *killer) checkKept(ctx context.Context, c *child, prev, next map[string]
 			return false, "connected"
 		case len(s.GetHaves()) == 0:
 			return false, "no haves yet"
+		case len(s.GetWants()) == 0:
+			// The haves are reported from the moment the engine is open;
+			// the wants, and the drift checked here, once its first pass ran.
+			return false, "no wants yet (no pass ran)"
 		}
 		return true, ""
 	})
