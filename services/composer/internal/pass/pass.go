@@ -65,7 +65,8 @@ type Config struct {
 	// (the app has the catalog view read every registration again).
 	StoreWentBack func(bucket string)
 	// Watched, when set, returns a node's spec and haves record as the
-	// composer's watches delivered them last. A pass the reconciler runs
+	// composer's watches delivered them last (shared messages: the pass
+	// copies what it takes, see watchedOf). A pass the reconciler runs
 	// takes them from there: whatever is written after is delivered too,
 	// and calls for a pass or a status of its own (a delete of the haves
 	// of a node that has a spec calls for a pass; a node this composer
@@ -292,19 +293,25 @@ func (st *nodeState) prevWant(module string) *typev1.Want {
 	return wantOf(st.assignment, module)
 }
 
+// watchedOf returns what the watches delivered last of a node (its
+// revisions, for reads at least that new) and whether its messages may
+// stand in for reads: not for a node this composer deleted lately
+// (DeleteNode), which may be re-created before the watches delivered the
+// deletes, so what they hold may be the old node's.
+func (p *Passer) watchedOf(node string) (Watched, bool) {
+	if p.cfg.Watched == nil {
+		return Watched{}, false
+	}
+	return p.cfg.Watched(node), !p.own.deletedLately(natsx.BucketHaves, node)
+}
+
 // read reads what a pass decides on; with watched set, the spec, haves
 // record and assignment come from the watches when they hold them (see
 // Config.Watched and watchedAssignment).
 func (p *Passer) read(ctx context.Context, node string, watched bool) (*nodeState, error) {
 	st := &nodeState{}
-	var w Watched
-	if p.cfg.Watched != nil {
-		w = p.cfg.Watched(node)
-	}
-	// A node this composer deleted lately (DeleteNode) may be re-created
-	// before the watches delivered the deletes: what they hold may be the
-	// old node's.
-	watched = watched && !p.own.deletedLately(natsx.BucketHaves, node)
+	w, usable := p.watchedOf(node)
+	watched = watched && usable
 	// The reads are independent: one round trip instead of three.
 	var specErr, asgErr, havesErr error
 	var wg sync.WaitGroup
@@ -320,7 +327,7 @@ func (p *Passer) read(ctx context.Context, node string, watched bool) (*nodeStat
 		}()
 	}
 	if watched && w.Haves != nil {
-		st.haves, st.havesRev = w.Haves, w.HavesRev
+		st.haves, st.havesRev = proto.CloneOf(w.Haves), w.HavesRev
 	} else {
 		wg.Add(1)
 		go func() {
@@ -329,7 +336,7 @@ func (p *Passer) read(ctx context.Context, node string, watched bool) (*nodeStat
 		}()
 	}
 	if watched && w.Spec != nil {
-		st.spec, st.specRev = w.Spec, w.SpecRev
+		st.spec, st.specRev = proto.CloneOf(w.Spec), w.SpecRev
 	} else {
 		st.spec, st.specRev, specErr = p.cfg.Store.SpecAtLeast(ctx, node, w.SpecRev)
 	}

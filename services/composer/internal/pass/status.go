@@ -10,7 +10,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"mesh.dev/internal/natsx"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	"mesh.dev/services/composer/internal/store"
 )
@@ -150,10 +149,8 @@ func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Ass
 // havesNow returns a node's haves record as the watch delivered it last,
 // else as the bucket holds it; before when it cannot be read.
 func (p *Passer) havesNow(ctx context.Context, node string, before *composerv1.HaveRecord) *composerv1.HaveRecord {
-	if p.cfg.Watched != nil && !p.own.deletedLately(natsx.BucketHaves, node) {
-		if w := p.cfg.Watched(node); w.Haves != nil {
-			return w.Haves
-		}
+	if w, ok := p.watchedOf(node); ok && w.Haves != nil {
+		return proto.CloneOf(w.Haves)
 	}
 	now, _, err := p.cfg.Store.Have(ctx, node)
 	switch {

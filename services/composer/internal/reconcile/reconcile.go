@@ -254,18 +254,12 @@ func (r *Reconciler) setKnownLocked(node string, k pass.Watched) {
 // last, with their revisions (0 for none; a value that did not decode has
 // its revision and no message) (pass.Config.Watched). A delete, or a watch
 // that started over, replaces them: they are never above what the bucket
-// now holds for long. The messages are the caller's own copies.
+// now holds for long. The messages are shared: a caller copies what it
+// keeps.
 func (r *Reconciler) Watched(node string) pass.Watched {
 	r.mu.Lock()
-	k := r.known[node]
-	r.mu.Unlock()
-	if k.Spec != nil {
-		k.Spec = proto.CloneOf(k.Spec)
-	}
-	if k.Haves != nil {
-		k.Haves = proto.CloneOf(k.Haves)
-	}
-	return k
+	defer r.mu.Unlock()
+	return r.known[node]
 }
 
 // Spec returns a node's spec as the nodes watch last delivered it.
