@@ -44,9 +44,8 @@ type ownWrites struct {
 type ownWrite struct {
 	// revs are the revisions written within ownKept, oldest first, and
 	// when.
-	revs    []ownRev
-	deleted bool
-	// deletedAt is when the key was last deleted.
+	revs []ownRev
+	// deletedAt is when the key was last deleted (zero: never).
 	deletedAt time.Time
 	at        time.Time
 }
@@ -82,7 +81,7 @@ func (o *ownWrites) wrote(bucket, key string, rev uint64, deleted bool) {
 	}
 	w.at = now
 	if deleted {
-		w.deleted, w.deletedAt = true, now
+		w.deletedAt = now
 		return
 	}
 	// Every write of the last ownKept, however many: a node composed
@@ -125,7 +124,7 @@ func (o *ownWrites) own(bucket string, e *natsx.Entry) bool {
 		return false
 	}
 	if e.Op != jetstream.KeyValuePut {
-		return w.deleted
+		return !w.deletedAt.IsZero()
 	}
 	return slices.ContainsFunc(w.revs, func(r ownRev) bool { return r.rev == e.Revision })
 }
