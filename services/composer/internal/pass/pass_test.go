@@ -904,7 +904,7 @@ func TestStatusFromTheHavesAfterIt(t *testing.T) {
 	ct.Must(t, err)
 	s.w.Put(t, natsx.BucketHaves, "ace", appliedAll(asg, 2))
 	stale := &composerv1.HaveRecord{Node: "ace", ReportSeq: 1}
-	ct.Must(t, pass.PutStatus(ctx, s.c.Passer, "ace", asg, stale))
+	ct.Must(t, pass.PutStatus(ctx, s.c.Passer, "ace", asg, stale, 0))
 	st := &composerv1.NodeStatus{}
 	if _, err := s.w.Get(t, natsx.BucketStatus, "ace", st); err != nil {
 		t.Fatal(err)
@@ -970,7 +970,7 @@ func TestReconcilerPassesDecideOnTheWatchedCopies(t *testing.T) {
 	asg, _, err := s.w.Assignment(t, "ace")
 	ct.Must(t, err)
 	watched.Store(&pass.Watched{SpecRev: rev, Haves: appliedAll(asg, 2), HavesRev: 7})
-	ct.Must(t, pass.PutStatus(ctx, s.c.Passer, "ace", asg, nil))
+	ct.Must(t, pass.PutStatus(ctx, s.c.Passer, "ace", asg, nil, 0))
 	st := &composerv1.NodeStatus{}
 	if _, err := s.w.Get(t, natsx.BucketStatus, "ace", st); err != nil {
 		t.Fatal(err)
@@ -978,6 +978,28 @@ func TestReconcilerPassesDecideOnTheWatchedCopies(t *testing.T) {
 	if !st.GetConverged() || st.GetAppliedRevision() != asg.GetManifestRevision() {
 		t.Errorf("status not built from the watched haves record: converged %v, applied r%d; want r%d",
 			st.GetConverged(), st.GetAppliedRevision(), asg.GetManifestRevision())
+	}
+
+	// A watched record older than the one the pass read is not taken:
+	// nothing may ask for a refresh after the status (a plan's Apply, a
+	// pass with no reconciler running).
+	hrev := s.w.Put(t, natsx.BucketHaves, "ace", appliedAll(asg, 3))
+	watched.Store(&pass.Watched{SpecRev: rev, Haves: &composerv1.HaveRecord{Node: "ace", ReportSeq: 1}, HavesRev: hrev - 1})
+	status := func(read uint64) *composerv1.NodeStatus {
+		t.Helper()
+		ct.Must(t, pass.PutStatus(ctx, s.c.Passer, "ace", asg, appliedAll(asg, 3), read))
+		st := &composerv1.NodeStatus{}
+		if _, err := s.w.Get(t, natsx.BucketStatus, "ace", st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if st := status(0); st.GetConverged() {
+		t.Errorf("status of a caller that read no haves record: not built from the watched one")
+	}
+	if st := status(hrev); !st.GetConverged() {
+		t.Errorf("status of a pass that read the haves record at r%d built from the watched r%d: converged %v, applied r%d",
+			hrev, hrev-1, st.GetConverged(), st.GetAppliedRevision())
 	}
 }
 

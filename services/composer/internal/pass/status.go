@@ -99,7 +99,7 @@ func sameStatus(a, b *composerv1.NodeStatus) bool {
 
 func (p *Passer) writeStatus(ctx context.Context, st *nodeState, res *Result, asg *composerv1.Assignment) error {
 	passErr := errors.Join(append([]error{res.Err}, st.problems...)...)
-	return p.putStatus(ctx, res.Node, asg, st.haves, func(*composerv1.NodeStatus) error { return passErr })
+	return p.putStatus(ctx, res.Node, asg, st.haves, st.havesRev, func(*composerv1.NodeStatus) error { return passErr })
 }
 
 // statusAttempts bounds the CAS attempts of one status write; another
@@ -109,16 +109,20 @@ const statusAttempts = 3
 
 // putStatus writes a node's status from its assignment and the haves
 // record read after the status it replaces (haves is what the caller read
-// before, used only when the record cannot be read now), by CAS. The engine
+// before, at revision havesRev, used only when the record cannot be read
+// now), by CAS. The engine
 // reports while a pass runs: a status built from the haves the pass read
 // at its start, written after a have report's refresh, would say the node
 // applied nothing until its next report. The record is the one the haves
 // watch delivered last when there is one (Config.Watched): the watch keeps
 // it before it asks for the refresh or pass a newer record calls for, so a
 // status read after that refresh's write is built from that record or a
-// newer one, and one read before it is replaced by that refresh. lastErr
-// gives the compose error to show, from the status being replaced.
-func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, lastErr func(prev *composerv1.NodeStatus) error) error {
+// newer one, and one read before it is replaced by that refresh. A watched
+// record older than the one the caller read is not taken: nothing may ask
+// for a refresh after this status (a plan's Apply, a pass with no
+// reconciler). lastErr gives the compose error to show, from the status
+// being replaced.
+func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, havesRev uint64, lastErr func(prev *composerv1.NodeStatus) error) error {
 	var err error
 	for range statusAttempts {
 		prev, prevRev, perr := p.cfg.Store.NodeStatus(ctx, node)
@@ -128,7 +132,7 @@ func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Ass
 			}
 			prev = nil // does not decode: replaced
 		}
-		haves = p.havesNow(ctx, node, haves)
+		haves, havesRev = p.havesNow(ctx, node, haves, havesRev)
 		var seen time.Time
 		if p.cfg.LastSeen != nil {
 			seen = p.cfg.LastSeen(node)
@@ -146,20 +150,21 @@ func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Ass
 	return fmt.Errorf("status of %s: %w", node, err)
 }
 
-// havesNow returns a node's haves record as the watch delivered it last,
-// else as the bucket holds it; before when it cannot be read.
-func (p *Passer) havesNow(ctx context.Context, node string, before *composerv1.HaveRecord) *composerv1.HaveRecord {
-	if w, ok := p.watchedOf(node); ok && w.Haves != nil {
-		return proto.CloneOf(w.Haves)
+// havesNow returns a node's haves record and its revision as the watch
+// delivered it last, when that is not older than before (read at revision
+// beforeRev), else as the bucket holds it; before when it cannot be read.
+func (p *Passer) havesNow(ctx context.Context, node string, before *composerv1.HaveRecord, beforeRev uint64) (*composerv1.HaveRecord, uint64) {
+	if w, ok := p.watchedOf(node); ok && w.Haves != nil && w.HavesRev >= beforeRev {
+		return proto.CloneOf(w.Haves), w.HavesRev
 	}
-	now, _, err := p.cfg.Store.Have(ctx, node)
+	now, rev, err := p.cfg.Store.HaveAtLeast(ctx, node, beforeRev)
 	switch {
 	case err == nil:
-		return now
+		return now, rev
 	case errors.Is(err, store.ErrNotFound):
-		return nil
+		return nil, 0
 	}
-	return before
+	return before, beforeRev
 }
 
 // RefreshStatus rewrites a node's status from its assignment and haves
@@ -173,7 +178,7 @@ func (p *Passer) RefreshStatus(ctx context.Context, node string) error {
 	// putStatus reads the haves; a record that does not decode counts as
 	// none, and the last pass's status says so. The last compose error
 	// stays.
-	return p.putStatus(ctx, node, asg, nil, func(prev *composerv1.NodeStatus) error {
+	return p.putStatus(ctx, node, asg, nil, 0, func(prev *composerv1.NodeStatus) error {
 		if prev.GetLastError() == "" {
 			return nil
 		}
