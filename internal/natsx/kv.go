@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -148,6 +149,9 @@ type KV struct {
 	tracer   trace.Tracer
 	// lastSeq shares LastSequence requests between concurrent callers.
 	lastSeq *lastSeqShare
+	// acked is the highest revision a write through this handle was
+	// acknowledged with (see Acked).
+	acked *atomic.Uint64
 }
 
 // OpenKV binds to an existing bucket without changing it, for services that
@@ -191,6 +195,7 @@ func openKV(ctx context.Context, js jetstream.JetStream, bucket string, maxValue
 		direct:   cfg.AllowDirect,
 		tracer:   o.tracer,
 		lastSeq:  &lastSeqShare{},
+		acked:    &atomic.Uint64{},
 	}, nil
 }
 
@@ -376,8 +381,21 @@ func (k *KV) publish(ctx context.Context, key string, value []byte, expect *uint
 	if err != nil {
 		return 0, err
 	}
+	for {
+		acked := k.acked.Load()
+		if ack.Sequence <= acked || k.acked.CompareAndSwap(acked, ack.Sequence) {
+			break
+		}
+	}
 	return ack.Sequence, nil
 }
+
+// Acked returns the highest revision a write through this handle (a put,
+// create, update, delete or purge) was acknowledged with, 0 before the
+// first. A watch of the bucket that delivered that revision has delivered
+// every write this handle made before — a barrier on the process's own
+// writes that asks the server nothing (LastSequence asks it for everyone's).
+func (k *KV) Acked() uint64 { return k.acked.Load() }
 
 // Create writes the key's first value and returns its revision. A key whose
 // last revision is a delete or purge marker counts as absent, as in nats.go.

@@ -120,13 +120,6 @@ func TestTrace(t *testing.T) {
 	if got := find(func(s tracetest.SpanStub) bool { return s.Name == "kv.get nodes" && ancestor(node, s) }); len(got) != 0 {
 		t.Errorf("the node's pass read its spec again (%d kv.get nodes spans) though the watch delivered it", len(got))
 	}
-	// Which keys the node has and what they hold are read from the leader,
-	// or from the mirror once a stream info request shows it current.
-	if got := find(func(s tracetest.SpanStub) bool {
-		return (s.Name == "kv.get compositions" || s.Name == "kv.last_sequence compositions") && ancestor(node, s)
-	}); len(got) == 0 {
-		t.Errorf("no kv.get compositions or kv.last_sequence compositions span under the node's pass")
-	}
 	// The signer's side of each sign call is in the trace too.
 	if got := find(func(s tracetest.SpanStub) bool { return strings.HasPrefix(s.Name, "signer.Sign") && ancestor(node, s) }); len(got) < 2 {
 		t.Errorf("%d signer spans under the node's pass, want its SignCompositions and SignManifests", len(got))

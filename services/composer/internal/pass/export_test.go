@@ -52,7 +52,7 @@ func NoteOwnWrite(p *Passer, bucket, key string, rev uint64) { p.own.wrote(bucke
 // CompositionsMirrorCurrent reports whether the composition mirror is
 // current now.
 func CompositionsMirrorCurrent(p *Passer) bool {
-	return p.compositions.current(context.Background(), p.cfg.Store.Compositions)
+	return p.compositions.current(context.Background(), p.cfg.Store.Compositions, 0)
 }
 
 // NoteOwnDelete records a delete as the Passer's own.

@@ -47,7 +47,7 @@ type judging struct {
 func (jc *judging) useMirror(ctx context.Context) bool {
 	if jc.mirror == 0 {
 		jc.mirror = 2
-		if jc.p.mirrorCurrent(ctx) {
+		if jc.p.mirrorCurrent(ctx, jc.st) {
 			jc.mirror = 1
 		}
 	}
@@ -245,7 +245,7 @@ func (p *Passer) follow(ctx context.Context, it *item, jc *judging) error {
 		if follow > 0 && p.hooks.beforeReread != nil {
 			p.hooks.beforeReread(it.key, follow)
 		}
-		if follow == 0 && p.stillJudged(ctx, it) {
+		if follow == 0 && p.stillJudged(ctx, jc.st, it) {
 			return nil
 		}
 		obs := p.observe(ctx, it.key)
@@ -294,8 +294,8 @@ func (p *Passer) follow(ctx context.Context, it *item, jc *judging) error {
 // call), shows the key holding the very digest judged. That is what the
 // re-read from the stream leader would find, without moving the value;
 // anything else (the mirror behind, the key moved or gone) is read.
-func (p *Passer) stillJudged(ctx context.Context, it *item) bool {
-	if !p.compositions.current(ctx, p.cfg.Store.Compositions) {
+func (p *Passer) stillJudged(ctx context.Context, st *nodeState, it *item) bool {
+	if !p.compositions.current(ctx, p.cfg.Store.Compositions, st.tenure()) {
 		return false
 	}
 	v, ok := p.compositions.lookup(it.key)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"mesh.dev/internal/natsx"
 	"mesh.dev/internal/testutil"
@@ -59,7 +61,7 @@ func TestMirrorAfterTheStoreWentBack(t *testing.T) {
 		waitFor(t, what, 30*time.Second, func() (bool, string) {
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
-			if !m.current(cctx, kv) {
+			if !m.current(cctx, kv, 0) {
 				m.mu.Lock()
 				defer m.mu.Unlock()
 				return false, fmt.Sprintf("not current (seen %d, ready %v)", m.seen, m.ready)
@@ -116,7 +118,7 @@ func TestMirrorNotCurrentAheadOfTheStream(t *testing.T) {
 	}
 	m := newMirror("test", recordSummary)
 	m.running, m.ready, m.seen = true, true, 5
-	if m.current(ctx, kv) {
+	if m.current(ctx, kv, 0) {
 		t.Error("a mirror that saw revision 5 of a stream whose last is 1 counts as current")
 	}
 }
@@ -191,7 +193,7 @@ func TestMirrorListsANodesKeys(t *testing.T) {
 	if err := kv.Delete(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "mirror current", 10*time.Second, func() (bool, string) { return m.current(ctx, kv), "not current" })
+	waitFor(t, "mirror current", 10*time.Second, func() (bool, string) { return m.current(ctx, kv, 0), "not current" })
 	if got, _ := m.keysOf("ace"); fmt.Sprint(got) != fmt.Sprint([]string{a, b}) {
 		t.Errorf("keys of ace %s; want %s and the marker of %s", got, a, b)
 	}
@@ -203,5 +205,97 @@ func TestMirrorListsANodesKeys(t *testing.T) {
 	}
 	if got, _ := m.keysOf("bee"); fmt.Sprint(got) != fmt.Sprint([]string{other}) {
 		t.Errorf("keys of bee %s", got)
+	}
+}
+
+// TestMirrorBarrierInATenure: the first barrier of a lease tenure asks the
+// stream; the later ones of the tenure ask nothing and wait only for the
+// writes made through the handle, which the mirror then holds; a barrier
+// of no tenure, or of a new one, asks again and sees a write made by
+// another handle.
+func TestMirrorBarrierInATenure(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	_, js := testutil.ConnectJetStream(t, testutil.StartJetStream(t))
+	ctx := context.Background()
+	kv, err := natsx.EnsureKV(ctx, js, natsx.KVSpec{Bucket: "tenure", History: 1}, natsx.WithTracerProvider(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := natsx.OpenKV(ctx, js, "tenure")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMirror("test", recordSummary)
+	following(t, m, kv)
+	asked := func() int {
+		n := 0
+		for _, s := range exp.GetSpans() {
+			if s.Name == "kv.last_sequence tenure" {
+				n++
+			}
+		}
+		return n
+	}
+	sum := func(v string) string { s, _ := recordSummary([]byte(v)); return s }
+	holds := func(key, value string) bool {
+		v, ok := m.lookup(key)
+		return ok && v.put && v.sum == sum(value)
+	}
+	waitFor(t, "the mirror ready", 10*time.Second, func() (bool, string) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.ready, "not ready"
+	})
+
+	if _, err := kv.Put(ctx, "a", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	if !m.current(ctx, kv, 7) || asked() != 1 || !holds("a", "1") {
+		t.Fatalf("first barrier of tenure 7: %d stream-info requests (want 1), a held %v", asked(), holds("a", "1"))
+	}
+	for i := range 20 {
+		v := fmt.Sprint(i)
+		rev, err := kv.Put(ctx, "b", []byte(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kv.Acked() < rev {
+			t.Fatalf("Acked %d after a write acknowledged at %d", kv.Acked(), rev)
+		}
+		if !m.current(ctx, kv, 7) || !holds("b", v) {
+			t.Fatalf("barrier of tenure 7 after a write through the handle: b not held at %q", v)
+		}
+	}
+	if asked() != 1 {
+		t.Errorf("later barriers of tenure 7 asked the stream %d times; want none", asked()-1)
+	}
+	rev, err := other.Put(ctx, "c", []byte("1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kv.Acked() >= rev {
+		t.Errorf("a write through another handle moved Acked to %d", kv.Acked())
+	}
+	if !m.current(ctx, kv, 0) || asked() != 2 || !holds("c", "1") {
+		t.Errorf("barrier of no tenure: %d stream-info requests (want 2), another handle's write held %v", asked(), holds("c", "1"))
+	}
+	if _, err := other.Put(ctx, "c", []byte("2")); err != nil {
+		t.Fatal(err)
+	}
+	if !m.current(ctx, kv, 8) || asked() != 3 || !holds("c", "2") {
+		t.Errorf("first barrier of tenure 8: %d stream-info requests (want 3), another handle's write held %v", asked(), holds("c", "2"))
+	}
+	if !m.current(ctx, kv, 7) || asked() != 4 {
+		t.Errorf("a barrier of the older tenure 7 after 8's: %d stream-info requests, want 4", asked())
+	}
+	// A watch that starts over forgets the tenure.
+	m.mu.Lock()
+	m.resetLocked()
+	m.mu.Unlock()
+	if m.tenure != 0 {
+		t.Errorf("tenure %d kept over a reset", m.tenure)
 	}
 }

@@ -1060,6 +1060,13 @@ func TestReconcilerPassReadsOnlyWhatTheWatchesLack(t *testing.T) {
 	if res.Inputs.GetAssignmentRevision() != rev || res.Inputs.GetHavesRevision() != havesRev {
 		t.Errorf("pass decided on assignment r%d, haves r%d; want the watched r%d, r%d", res.Inputs.GetAssignmentRevision(), res.Inputs.GetHavesRevision(), rev, havesRev)
 	}
+	// The tenure's first pass asked the streams for their last sequence
+	// (the mirrors hold every earlier holder's writes); the next asks
+	// nothing more.
+	if n, _ := reads(); n["kv.last_sequence compositions"]+n["kv.last_sequence composed"] != 0 {
+		t.Errorf("second pass of the tenure: %d and %d stream-info requests of compositions and composed; want none",
+			n["kv.last_sequence compositions"], n["kv.last_sequence composed"])
+	}
 	// A commit of this composer's the watch has not delivered: read.
 	pass.NoteOwnWrite(c.Passer, natsx.BucketAssignments, "ace", rev+1000)
 	if n, _ := reads(); n["kv.get assignments"] != 1 {

@@ -26,11 +26,9 @@ const mirrorWait = 100 * time.Millisecond
 // and a summary of the value held. A pass compares with the mirror instead
 // of reading each key — the JetStream API serves reads with as few workers
 // as the server has cores, and a read of a stream waits for the fsync of
-// the write before it — once the mirror has seen every write the stream
-// acknowledged when the pass asked (one stream-info request): what it
-// holds then is what reading each key then would give. Writes still go by
-// CAS at the revision read, so a key changed meanwhile is read and compared
-// again.
+// the write before it — once the mirror is current (see current). Writes
+// still go by CAS at the revision read, so a key changed meanwhile is read
+// and compared again.
 //
 // Two mirrors run: of bucket composed (a judgement record is advisory and
 // recomputable, DESIGN.md §5.2 step 5), summarised by the sha256 of its
@@ -62,6 +60,9 @@ type mirror struct {
 	// initial values were; running while the watch runs.
 	seen           uint64
 	ready, running bool
+	// tenure is the lease epoch whose first barrier asked the stream (0:
+	// none since the watch last started): see current.
+	tenure uint64
 }
 
 type mirrored struct {
@@ -91,7 +92,7 @@ func compositionNode(key string) string {
 
 // resetLocked empties the mirror.
 func (m *mirror) resetLocked() {
-	m.m, m.byNode, m.seen = map[string]mirrored{}, map[string]map[string]struct{}{}, 0
+	m.m, m.byNode, m.seen, m.tenure = map[string]mirrored{}, map[string]map[string]struct{}{}, 0, 0
 }
 
 // putLocked keeps what a key holds.
@@ -240,25 +241,47 @@ func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
 	return errors.Join(errors.New(m.name+" watch ended"), w.Err())
 }
 
-// current reports whether the mirror holds every write the stream of kv
-// acknowledged by now, waiting a moment for it to catch up.
-func (m *mirror) current(ctx context.Context, kv *natsx.KV) bool {
+// current reports whether the mirror holds every write a pass must see,
+// waiting a moment for it to catch up.
+//
+// With tenure 0 (a plan, its Apply, a test's pass) that is every write the
+// stream acknowledged by now: one stream-info request, shared by the passes
+// asking at once, which the server answers only after the writes queued
+// before it on the stream's fsyncs. What the mirror holds then is what
+// reading each key would give.
+//
+// A reconciler's pass gives the lease epoch it writes in. The first such
+// barrier of a tenure asks the stream as above: the mirror then holds every
+// write of the holders before. Every later one only waits for the writes
+// this composer made through kv (kv.Acked, no request): it is the only
+// writer of the bucket while it holds the lease, and a node's keys are
+// written by one pass at a time. A write it did not make — an old holder's
+// still in flight, bytes put straight into JetStream — may be missing when
+// the pass decides; the watch delivers it a moment later, and a composition
+// written so asks for a pass of its node (judgeWrite). A CAS at a revision
+// the mirror had fails on it meanwhile, and is read again.
+func (m *mirror) current(ctx context.Context, kv *natsx.KV, tenure uint64) bool {
 	m.mu.Lock()
-	usable, seen := m.running && m.ready, m.seen
+	usable, seen, asked := m.running && m.ready, m.seen, tenure != 0 && m.tenure == tenure
 	m.mu.Unlock()
 	if !usable {
 		return false
 	}
-	last, err := kv.LastSequence(ctx)
-	if err != nil {
-		return false
-	}
-	if seen > last {
-		// The stream went back behind what the mirror had seen before it
-		// asked (a store restored from an older snapshot) and the watch
-		// has not started over yet: the mirror holds writes the bucket
-		// lost.
-		return false
+	var last uint64
+	if asked {
+		last = kv.Acked()
+	} else {
+		var err error
+		if last, err = kv.LastSequence(ctx); err != nil {
+			return false
+		}
+		if seen > last {
+			// The stream went back behind what the mirror had seen before
+			// it asked (a store restored from an older snapshot) and the
+			// watch has not started over yet: the mirror holds writes the
+			// bucket lost.
+			return false
+		}
 	}
 	deadline := time.Now().Add(mirrorWait)
 	timer := time.AfterFunc(mirrorWait, func() {
@@ -272,12 +295,18 @@ func (m *mirror) current(ctx context.Context, kv *natsx.KV) bool {
 	for m.running && m.ready && m.seen < last && time.Now().Before(deadline) {
 		m.changed.Wait()
 	}
-	return m.running && m.ready && m.seen >= last
+	ok := m.running && m.ready && m.seen >= last
+	if ok && !asked && tenure != 0 {
+		// The later barriers of the tenure need not ask.
+		m.tenure = max(m.tenure, tenure)
+	}
+	return ok
 }
 
-// mirrorCurrent reports whether the record mirror is current (see current).
-func (p *Passer) mirrorCurrent(ctx context.Context) bool {
-	return p.records.current(ctx, p.cfg.Store.Composed)
+// mirrorCurrent reports whether the record mirror is current for a pass
+// (see current).
+func (p *Passer) mirrorCurrent(ctx context.Context, st *nodeState) bool {
+	return p.records.current(ctx, p.cfg.Store.Composed, st.tenure())
 }
 
 // lookup returns what the mirror holds of a key.
