@@ -62,6 +62,9 @@ type unitWorld struct {
 	ks uint64
 	// logs holds what the engines logged, as text.
 	logs syncBuffer
+	// catalog and composer, when set, stand in for cat and comp.
+	catalog  Catalog
+	composer Composer
 }
 
 // syncBuffer is a bytes.Buffer safe for the engine's goroutines.
@@ -122,8 +125,16 @@ func (w *unitWorld) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.e, err = New(context.Background(), Config{Node: "ace", Roots: w.tr.Roots, Store: db, Applier: a, Composer: w.comp,
-		Catalog: w.cat, Now: func() time.Time { return w.now }, Logger: log,
+	var cat Catalog = w.cat
+	if w.catalog != nil {
+		cat = w.catalog
+	}
+	var comp Composer = w.comp
+	if w.composer != nil {
+		comp = w.composer
+	}
+	w.e, err = New(context.Background(), Config{Node: "ace", Roots: w.tr.Roots, Store: db, Applier: a, Composer: comp,
+		Catalog: cat, Now: func() time.Time { return w.now }, Logger: log,
 		EntryBackoffBase: time.Millisecond, EntryBackoffMax: time.Millisecond, FetchDeadline: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -417,5 +428,66 @@ func TestHalfDoneApplyFinishedOnceTheBlockLifts(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(w.root, "srv", "net", "b"))
 	if err != nil || string(b) != "b\n" {
 		t.Fatalf("the half-done apply was never finished: /srv/net/b %q (%v); node have: %v", b, err, w.have(names.NodeModule).GetAttempt())
+	}
+}
+
+// signallingComposer closes fetched at its first GetComposition.
+type signallingComposer struct {
+	*fuzzComposer
+	once    sync.Once
+	fetched chan struct{}
+}
+
+func (c *signallingComposer) GetComposition(ctx context.Context, in *composerv1.GetCompositionRequest, opts ...grpc.CallOption) (*composerv1.GetCompositionResponse, error) {
+	c.once.Do(func() { close(c.fetched) })
+	return c.fuzzComposer.GetComposition(ctx, in, opts...)
+}
+
+// waitingCatalog answers an entry only once the composition was fetched
+// (or, should it never be, after three times the wait for an answer).
+type waitingCatalog struct {
+	unitCatalog
+	fetched <-chan struct{}
+}
+
+func (c *waitingCatalog) GetEntry(ctx context.Context, in *catalogv1.GetEntryRequest, opts ...grpc.CallOption) (*catalogv1.GetEntryResponse, error) {
+	select {
+	case <-c.fetched:
+	case <-time.After(3 * EntryWait):
+	}
+	return c.unitCatalog.GetEntry(ctx, in, opts...)
+}
+
+// TestCompositionFetchedWhileTheEntryIsAsked: a manifest naming a new
+// fingerprint needs its entry from the catalog and its composition from the
+// composer. The catalog here answers only once the composition was fetched:
+// fetched after the answer (or after the pass's wait for it), the module
+// would be held ENTRY_ASKED; fetched while the entry is asked, it is applied
+// in that one pass.
+func TestCompositionFetchedWhileTheEntryIsAsked(t *testing.T) {
+	w := &unitWorld{t: t, tr: testutil.NewTrust(t, 1, 1), now: time.Now(), cat: unitCatalog{entries: map[string]*catalogv1.Entry{}},
+		comp: &fuzzComposer{comps: map[string]*typev1.Envelope{}}, fps: map[string]string{}, prefs: []string{"/srv"}, ks: 1}
+	mm := &typev1.ModuleManifest{Module: "a", Version: "1.0"}
+	b, err := canonical.Marshal(mm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &catalogv1.Entry{Module: "a", Repository: "https://git.example/infra", Path: "a", SourceDigest: names.Digest([]byte("a")),
+		Manifest: b, ManifestDigest: names.Digest(b), Verdict: catalogv1.Verdict_VERDICT_PASS}
+	e.Fingerprint = names.ComputeFingerprint(e.Module, e.Repository, e.Path, e.SourceDigest, e.ManifestDigest)
+	w.cat.entries[e.Fingerprint] = e
+	w.fps["a"] = e.Fingerprint
+	fetched := make(chan struct{})
+	cat := &waitingCatalog{unitCatalog: w.cat, fetched: fetched}
+	w.catalog, w.composer = cat, &signallingComposer{fuzzComposer: w.comp, fetched: fetched}
+	w.dir = t.TempDir()
+	w.start()
+	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+
+	_, ownWant := w.composition(names.NodeModule, "", true)
+	_, aWant := w.composition("a", w.fps["a"], true, revFile("a:conf", "a", "/srv/a/conf", "a\n"))
+	w.offer(aWant, ownWant)
+	if h := w.have("a"); h.GetApplied().GetDigest() != aWant.GetCompositionDigest() {
+		t.Errorf("a not applied in the pass: %v", h)
 	}
 }

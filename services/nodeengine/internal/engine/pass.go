@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -96,7 +97,12 @@ func (e *Engine) Pass(ctx context.Context) {
 	needed := picture.Needed(wants, heard)
 	e.need(ctx, needed)
 	if lv != nil {
+		// The compositions the live wants name are fetched while the
+		// entries are asked: two round trips at once, not one after the
+		// other (a fleet-wide change asks both of every engine).
+		fetched := e.prefetch(ctx, wants, ring, now)
 		e.waitFirstAnswers(ctx, wants)
+		<-fetched
 	}
 	// Answers counted by now show in the rows the picture reads.
 	answers := e.answers.Load()
@@ -607,6 +613,43 @@ func (e *Engine) composition(ctx context.Context, w *typev1.Want, ring *verify.K
 	e.compCache[w.GetCompositionDigest()] = v
 	e.mu.Unlock()
 	return v, nil
+}
+
+// prefetch fetches and verifies, each in its own goroutine, the
+// compositions of wants not held yet, into the cache the pass's
+// composition takes them from; the channel is closed when all are done. A
+// fetch that fails leaves nothing: the pass fetches again and reports it.
+func (e *Engine) prefetch(ctx context.Context, wants []*typev1.Want, ring *verify.Keyring, now time.Time) <-chan struct{} {
+	done := make(chan struct{})
+	if ring == nil || e.cfg.Composer == nil {
+		close(done)
+		return done
+	}
+	var missing []*typev1.Want
+	e.mu.Lock()
+	for _, w := range wants {
+		d := w.GetCompositionDigest()
+		if d == "" {
+			continue
+		}
+		if _, ok := e.compCache[d]; ok {
+			continue
+		}
+		if env := e.applied.Compositions[w.GetModule()]; env != nil && envelope.Digest(env) == d {
+			continue
+		}
+		missing = append(missing, w)
+	}
+	e.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, w := range missing {
+		wg.Go(func() { e.composition(ctx, w, ring, now) })
+	}
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	return done
 }
 
 // recheck judges a composition held by digest (cached, or applied) for a
