@@ -262,13 +262,13 @@ func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
 // the mirror had fails on it meanwhile, and is read again.
 func (m *mirror) current(ctx context.Context, kv *natsx.KV, tenure uint64) bool {
 	m.mu.Lock()
-	usable, seen, asked := m.running && m.ready, m.seen, tenure != 0 && m.tenure == tenure
+	usable, seen, tenured := m.running && m.ready, m.seen, tenure != 0 && m.tenure == tenure
 	m.mu.Unlock()
 	if !usable {
 		return false
 	}
 	var last uint64
-	if asked {
+	if tenured {
 		last = kv.Acked()
 	} else {
 		var err error
@@ -296,7 +296,7 @@ func (m *mirror) current(ctx context.Context, kv *natsx.KV, tenure uint64) bool 
 		m.changed.Wait()
 	}
 	ok := m.running && m.ready && m.seen >= last
-	if ok && !asked && tenure != 0 {
+	if ok && !tenured && tenure != 0 {
 		// The later barriers of the tenure need not ask.
 		m.tenure = max(m.tenure, tenure)
 	}
