@@ -73,6 +73,20 @@ func (c *Cache[V]) Put(key string, value V, size int) {
 	}
 }
 
+// Delete drops the value of key, if held.
+func (c *Cache[V]) Delete(key string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.items[key]; ok {
+		c.order.Remove(el)
+		delete(c.items, key)
+		c.bytes -= el.Value.(*item[V]).size
+	}
+}
+
 // Bytes returns the sizes of the values held.
 func (c *Cache[V]) Bytes() int {
 	if c == nil {

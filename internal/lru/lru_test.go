@@ -4,7 +4,7 @@ import "testing"
 
 // TestCache: the least recently used goes first once over the bound, a
 // value larger than the bound is not kept, a value put again replaces the
-// one held (and its size), and a nil cache holds nothing.
+// one held (and its size), Delete drops one, and a nil cache holds nothing.
 func TestCache(t *testing.T) {
 	t.Parallel()
 	c := New[string](100)
@@ -34,12 +34,18 @@ func TestCache(t *testing.T) {
 	if v, _ := c.Get("a"); v != "a2" || c.Bytes() != 90 {
 		t.Errorf("put again: %q, %d bytes; want a2, 90", v, c.Bytes())
 	}
+	c.Delete("a")
+	c.Delete("absent")
+	if _, ok := c.Get("a"); ok || c.Bytes() != 40 {
+		t.Errorf("after Delete: a held %v, %d bytes; want none, 40", ok, c.Bytes())
+	}
 	c.Reset()
 	if _, ok := c.Get("a"); ok || c.Bytes() != 0 {
 		t.Error("values kept past Reset")
 	}
 	var none *Cache[string]
 	none.Put("a", "a", 1)
+	none.Delete("a")
 	if _, ok := none.Get("a"); ok {
 		t.Error("a nil cache held a value")
 	}

@@ -32,7 +32,7 @@ func Prune(ctx context.Context, p *Passer, node string, asg *composerv1.Assignme
 // PutStatus writes a node's status as a pass's finish does, given the
 // haves the pass read at its start, at revision havesRev.
 func PutStatus(ctx context.Context, p *Passer, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, havesRev uint64) error {
-	return p.putStatus(ctx, node, asg, haves, havesRev, func(*composerv1.NodeStatus) error { return nil })
+	return p.putStatus(ctx, node, asg, haves, havesRev, 0, func(*composerv1.NodeStatus) error { return nil })
 }
 
 // SetWatched replaces what a Passer takes for the watches' copies.

@@ -288,6 +288,7 @@ func (p *Passer) judgeWrite(bucket, node string, e *natsx.Entry) {
 // write went back to an older state: what the passes wrote since is lost.
 func (p *Passer) storeWentBack(bucket string) {
 	p.cfg.Logger.Warn("a bucket went back to an older state; recomposing every node", "bucket", bucket)
+	p.statuses.forget("")
 	if p.cfg.StoreWentBack != nil {
 		p.cfg.StoreWentBack(bucket)
 	}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"mesh.dev/internal/envelope"
+	"mesh.dev/internal/lru"
 	"mesh.dev/internal/names"
 	"mesh.dev/internal/natsx"
 	"mesh.dev/internal/telemetry"
@@ -105,6 +106,9 @@ type Passer struct {
 	// manifest revision seen of each node (see others.go).
 	own  ownWrites
 	seen seenRevisions
+	// statuses are the statuses this composer wrote last (see
+	// writtenStatuses).
+	statuses writtenStatuses
 	// assignments are the assignments as FollowAssignments last saw them.
 	assignments watchedAssignments
 	// objects are the object versions found to hash to their names;
@@ -145,7 +149,7 @@ func New(cfg Config) *Passer {
 		cfg.KeepPerModule = 5
 	}
 	p := &Passer{cfg: cfg, records: newMirror("judgement record", recordSummary),
-		compositions: newMirror("composition", compositionSummary)}
+		compositions: newMirror("composition", compositionSummary), statuses: writtenStatuses{cache: lru.New[writtenStatus](statusCacheBytes)}}
 	p.compositions.nodeOf = compositionNode
 	p.compositions.onWrite = p.compositionWritten
 	p.compositions.onResync = func() { p.storeWentBack(natsx.BucketCompositions) }
@@ -1029,6 +1033,7 @@ func (p *Passer) DeleteNode(ctx context.Context, node string) error {
 		del(p.cfg.Store.Compositions, k)
 	}
 	del(p.cfg.Store.Haves, node)
+	p.statuses.forget(node)
 	del(p.cfg.Store.Status, node)
 	return errors.Join(errs...)
 }

@@ -1063,9 +1063,26 @@ func TestReconcilerPassReadsOnlyWhatTheWatchesLack(t *testing.T) {
 	// The tenure's first pass asked the streams for their last sequence
 	// (the mirrors hold every earlier holder's writes); the next asks
 	// nothing more.
-	if n, _ := reads(); n["kv.last_sequence compositions"]+n["kv.last_sequence composed"] != 0 {
-		t.Errorf("second pass of the tenure: %d and %d stream-info requests of compositions and composed; want none",
-			n["kv.last_sequence compositions"], n["kv.last_sequence composed"])
+	if n, _ := reads(); n["kv.last_sequence compositions"]+n["kv.last_sequence composed"] != 0 || n["kv.get status"] != 0 {
+		t.Errorf("second pass of the tenure: %d and %d stream-info requests of compositions and composed, %d status reads; want none",
+			n["kv.last_sequence compositions"], n["kv.last_sequence composed"], n["kv.get status"])
+	}
+	// Another hand writes the status, and the engine reports: the CAS of
+	// the new status at the revision this composer wrote fails, the key is
+	// read, and the status is put right.
+	w.Put(t, natsx.BucketStatus, "ace", &composerv1.NodeStatus{Node: "ace", LastError: "written by another hand"})
+	asg, _, err := w.Assignment(t, "ace")
+	ct.Must(t, err)
+	havesRev = w.Put(t, natsx.BucketHaves, "ace", appliedAll(asg, 2))
+	ct.WaitFor(t, "the report watched", 10*time.Second, func() (bool, string) {
+		return c.Reconciler.Watched("ace").HavesRev == havesRev, "not yet"
+	})
+	if n, _ := reads(); n["kv.get status"] != 1 {
+		t.Errorf("pass after another hand wrote the status: %d status reads, want 1", n["kv.get status"])
+	}
+	st := &composerv1.NodeStatus{}
+	if _, err := w.Get(t, natsx.BucketStatus, "ace", st); err != nil || st.GetLastError() != "" || st.GetAppliedRevision() != asg.GetManifestRevision() {
+		t.Errorf("status after another hand wrote it: %v (%v); want the pass's, applied r%d", st, err, asg.GetManifestRevision())
 	}
 	// A commit of this composer's the watch has not delivered: read.
 	pass.NoteOwnWrite(c.Passer, natsx.BucketAssignments, "ace", rev+1000)

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"mesh.dev/internal/lru"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	"mesh.dev/services/composer/internal/store"
 )
@@ -99,7 +101,65 @@ func sameStatus(a, b *composerv1.NodeStatus) bool {
 
 func (p *Passer) writeStatus(ctx context.Context, st *nodeState, res *Result, asg *composerv1.Assignment) error {
 	passErr := errors.Join(append([]error{res.Err}, st.problems...)...)
-	return p.putStatus(ctx, res.Node, asg, st.haves, st.havesRev, func(*composerv1.NodeStatus) error { return passErr })
+	return p.putStatus(ctx, res.Node, asg, st.haves, st.havesRev, st.epoch, func(*composerv1.NodeStatus) error { return passErr })
+}
+
+// statusCacheBytes bounds the statuses kept written (see writtenStatuses):
+// a few hundred bytes to a few KB each.
+const statusCacheBytes = 32 << 20
+
+// writtenStatuses keeps, per node, the status this composer wrote last,
+// its revision and the lease epoch it was written in. Within that tenure
+// the node's next status is compared with it and written by CAS at its
+// revision without reading the key first: only the lease holder writes
+// statuses, and a CAS that fails (another hand wrote meanwhile) reads the
+// key as before. A new tenure, the node deleted, or a bucket found gone back
+// to an older state, and the key is read again.
+type writtenStatuses struct {
+	mu    sync.Mutex
+	cache *lru.Cache[writtenStatus]
+}
+
+type writtenStatus struct {
+	epoch, rev uint64
+	st         *composerv1.NodeStatus
+}
+
+// get returns the status written last in the tenure epoch (0: none).
+func (w *writtenStatuses) get(node string, epoch uint64) (*composerv1.NodeStatus, uint64, bool) {
+	if epoch == 0 {
+		return nil, 0, false
+	}
+	v, ok := w.cache.Get(node)
+	if !ok || v.epoch != epoch {
+		return nil, 0, false
+	}
+	return v.st, v.rev, true
+}
+
+// wrote keeps a status written at rev in epoch, unless a later write of
+// the same tenure is kept already.
+func (w *writtenStatuses) wrote(node string, epoch, rev uint64, st *composerv1.NodeStatus) {
+	if epoch == 0 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if v, ok := w.cache.Get(node); ok && v.epoch == epoch && v.rev >= rev {
+		return
+	}
+	w.cache.Put(node, writtenStatus{epoch: epoch, rev: rev, st: proto.CloneOf(st)}, proto.Size(st)+64)
+}
+
+// forget drops what is kept of a node ("": of every node).
+func (w *writtenStatuses) forget(node string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if node == "" {
+		w.cache.Reset()
+		return
+	}
+	w.cache.Delete(node)
 }
 
 // statusAttempts bounds the CAS attempts of one status write; another
@@ -120,17 +180,22 @@ const statusAttempts = 3
 // newer one, and one read before it is replaced by that refresh. A watched
 // record older than the one the caller read is not taken: nothing may ask
 // for a refresh after this status (a plan's Apply, a pass with no
-// reconciler). lastErr gives the compose error to show, from the status
-// being replaced.
-func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, havesRev uint64, lastErr func(prev *composerv1.NodeStatus) error) error {
+// reconciler). The status it replaces is the one this composer wrote last
+// in the lease tenure epoch when it is kept (writtenStatuses), else read.
+// lastErr gives the compose error to show, from the status being replaced.
+func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, havesRev, epoch uint64, lastErr func(prev *composerv1.NodeStatus) error) error {
 	var err error
-	for range statusAttempts {
-		prev, prevRev, perr := p.cfg.Store.NodeStatus(ctx, node)
-		if perr != nil && !errors.Is(perr, store.ErrNotFound) {
-			if prevRev == 0 {
-				return fmt.Errorf("read status of %s: %w", node, perr)
+	for attempt := range statusAttempts {
+		prev, prevRev, kept := p.statuses.get(node, epoch)
+		if !kept || attempt > 0 {
+			var perr error
+			prev, prevRev, perr = p.cfg.Store.NodeStatus(ctx, node)
+			if perr != nil && !errors.Is(perr, store.ErrNotFound) {
+				if prevRev == 0 {
+					return fmt.Errorf("read status of %s: %w", node, perr)
+				}
+				prev = nil // does not decode: replaced
 			}
-			prev = nil // does not decode: replaced
 		}
 		haves, havesRev = p.havesNow(ctx, node, haves, havesRev)
 		var seen time.Time
@@ -143,9 +208,16 @@ func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Ass
 			return nil
 		}
 		next.UpdatedAt = timestamppb.New(at)
-		if _, err = p.cfg.Store.WriteStatus(ctx, next, prevRev); !errors.Is(err, store.ErrConflict) {
+		var rev uint64
+		rev, err = p.cfg.Store.WriteStatus(ctx, next, prevRev)
+		if err == nil {
+			p.statuses.wrote(node, epoch, rev, next)
+			return nil
+		}
+		if !errors.Is(err, store.ErrConflict) {
 			return err
 		}
+		p.statuses.forget(node)
 	}
 	return fmt.Errorf("status of %s: %w", node, err)
 }
@@ -178,7 +250,15 @@ func (p *Passer) RefreshStatus(ctx context.Context, node string) error {
 	// putStatus reads the haves; a record that does not decode counts as
 	// none, and the last pass's status says so. The last compose error
 	// stays.
-	return p.putStatus(ctx, node, asg, nil, 0, func(prev *composerv1.NodeStatus) error {
+	// In the tenure this composer holds, if any: the status it wrote last
+	// then stands in for a read.
+	var epoch uint64
+	if p.cfg.Lease != nil {
+		if e, err := p.cfg.Lease.Check(0); err == nil {
+			epoch = e
+		}
+	}
+	return p.putStatus(ctx, node, asg, nil, 0, epoch, func(prev *composerv1.NodeStatus) error {
 		if prev.GetLastError() == "" {
 			return nil
 		}
