@@ -86,6 +86,12 @@ func (s *syncBuffer) String() string {
 }
 
 func newUnitWorld(t *testing.T, modules ...string) *unitWorld {
+	return newUnitWorldWith(t, nil, modules...)
+}
+
+// newUnitWorldWith is newUnitWorld with setup called before the engine
+// starts (to stand in a catalog or a composer).
+func newUnitWorldWith(t *testing.T, setup func(*unitWorld), modules ...string) *unitWorld {
 	w := &unitWorld{t: t, tr: testutil.NewTrust(t, 1, 1), now: time.Now(), cat: unitCatalog{entries: map[string]*catalogv1.Entry{}},
 		comp: &fuzzComposer{comps: map[string]*typev1.Envelope{}}, fps: map[string]string{}, prefs: []string{"/srv"}, ks: 1}
 	for _, m := range modules {
@@ -101,6 +107,9 @@ func newUnitWorld(t *testing.T, modules ...string) *unitWorld {
 		w.fps[m] = e.Fingerprint
 	}
 	w.dir = t.TempDir()
+	if setup != nil {
+		setup(w)
+	}
 	w.start()
 	w.e.OfferKeyset(w.tr.KeysetEnvelope)
 	return w
@@ -465,29 +474,91 @@ func (c *waitingCatalog) GetEntry(ctx context.Context, in *catalogv1.GetEntryReq
 // would be held ENTRY_ASKED; fetched while the entry is asked, it is applied
 // in that one pass.
 func TestCompositionFetchedWhileTheEntryIsAsked(t *testing.T) {
-	w := &unitWorld{t: t, tr: testutil.NewTrust(t, 1, 1), now: time.Now(), cat: unitCatalog{entries: map[string]*catalogv1.Entry{}},
-		comp: &fuzzComposer{comps: map[string]*typev1.Envelope{}}, fps: map[string]string{}, prefs: []string{"/srv"}, ks: 1}
-	mm := &typev1.ModuleManifest{Module: "a", Version: "1.0"}
-	b, err := canonical.Marshal(mm)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &catalogv1.Entry{Module: "a", Repository: "https://git.example/infra", Path: "a", SourceDigest: names.Digest([]byte("a")),
-		Manifest: b, ManifestDigest: names.Digest(b), Verdict: catalogv1.Verdict_VERDICT_PASS}
-	e.Fingerprint = names.ComputeFingerprint(e.Module, e.Repository, e.Path, e.SourceDigest, e.ManifestDigest)
-	w.cat.entries[e.Fingerprint] = e
-	w.fps["a"] = e.Fingerprint
 	fetched := make(chan struct{})
-	cat := &waitingCatalog{unitCatalog: w.cat, fetched: fetched}
-	w.catalog, w.composer = cat, &signallingComposer{fuzzComposer: w.comp, fetched: fetched}
-	w.dir = t.TempDir()
-	w.start()
-	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	w := newUnitWorldWith(t, func(w *unitWorld) {
+		w.catalog = &waitingCatalog{unitCatalog: w.cat, fetched: fetched}
+		w.composer = &signallingComposer{fuzzComposer: w.comp, fetched: fetched}
+	}, "a")
 
 	_, ownWant := w.composition(names.NodeModule, "", true)
 	_, aWant := w.composition("a", w.fps["a"], true, revFile("a:conf", "a", "/srv/a/conf", "a\n"))
 	w.offer(aWant, ownWant)
 	if h := w.have("a"); h.GetApplied().GetDigest() != aWant.GetCompositionDigest() {
 		t.Errorf("a not applied in the pass: %v", h)
+	}
+}
+
+// countingComposer counts GetComposition calls and, while down is set,
+// answers each UNAVAILABLE.
+type countingComposer struct {
+	*fuzzComposer
+	mu    sync.Mutex
+	calls int
+	down  bool
+}
+
+func (c *countingComposer) GetComposition(ctx context.Context, in *composerv1.GetCompositionRequest, opts ...grpc.CallOption) (*composerv1.GetCompositionResponse, error) {
+	c.mu.Lock()
+	c.calls++
+	down := c.down
+	c.mu.Unlock()
+	if down {
+		return nil, status.Error(codes.Unavailable, "composer down")
+	}
+	return c.fuzzComposer.GetComposition(ctx, in, opts...)
+}
+
+func (c *countingComposer) take() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.calls
+	c.calls = 0
+	return n
+}
+
+// TestPrefetchFetchesOnlyWhatTheApplyTakes: a composition refused in a
+// pass (here its digest is not the want's) is fetched once, not again by
+// the apply; and a pass whose manifest went stale fetches nothing, as the
+// apply takes nothing.
+func TestPrefetchFetchesOnlyWhatTheApplyTakes(t *testing.T) {
+	var counting *countingComposer
+	w := newUnitWorldWith(t, func(w *unitWorld) {
+		counting = &countingComposer{fuzzComposer: w.comp}
+		w.composer = counting
+	}, "a", "c")
+
+	_, ownWant := w.composition(names.NodeModule, "", true)
+	w.offer(ownWant)
+	counting.take()
+	// A want whose digest is not the composition's: refused, fetched once.
+	_, aWant := w.composition("a", w.fps["a"], true, revFile("a:conf", "a", "/srv/a/conf", "a\n"))
+	bad := &typev1.Want{Module: "a", Fingerprint: w.fps["a"], CompositionKey: aWant.GetCompositionKey(), CompositionDigest: names.Digest([]byte("not it"))}
+	w.offer(bad, ownWant)
+	if n := counting.take(); n != 1 {
+		t.Errorf("a refused composition was fetched %d times in its pass, want 1", n)
+	}
+	if h := w.have("a"); h.GetAttempt().GetState() != composerv1.AttemptState_ATTEMPT_STATE_FAILED {
+		t.Errorf("refused composition: have %v, want FAILED", h)
+	}
+	// The composer down, a new want: the fetch fails; the manifest then
+	// expires, and the next pass fetches nothing.
+	counting.mu.Lock()
+	counting.down = true
+	counting.mu.Unlock()
+	_, cWant := w.composition("c", w.fps["c"], true, revFile("c:conf", "c", "/srv/c/conf", "c\n"))
+	w.offer(cWant, ownWant)
+	if n := counting.take(); n != 1 {
+		t.Errorf("composer down: %d fetches in the pass, want 1", n)
+	}
+	counting.mu.Lock()
+	counting.down = false
+	counting.mu.Unlock()
+	w.now = w.now.Add(48 * time.Hour) // past its expiry and the hour of skew allowed
+	w.e.Pass(context.Background())
+	if n := counting.take(); n != 0 {
+		t.Errorf("a pass with its manifest expired fetched %d compositions; the apply takes none", n)
+	}
+	if h := w.have("c"); h.GetAttempt().GetState() != composerv1.AttemptState_ATTEMPT_STATE_STALE {
+		t.Errorf("expired manifest: have of c %v, want STALE", h)
 	}
 }

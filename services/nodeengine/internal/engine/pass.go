@@ -96,14 +96,19 @@ func (e *Engine) Pass(ctx context.Context) {
 
 	needed := picture.Needed(wants, heard)
 	e.need(ctx, needed)
+	stale, staleSince := e.judgeStale(lv, ring, now)
+	var pre *prefetched
 	if lv != nil {
 		// The compositions the live wants name are fetched while the
 		// entries are asked: two round trips at once, not one after the
-		// other (a fleet-wide change asks both of every engine).
-		fetched := e.prefetch(ctx, wants, ring, now)
+		// other (a fleet-wide change asks both of every engine). Only when
+		// the apply will take them: not stale, nothing blocking it.
+		if stale == "" && e.unblocked() {
+			pre = e.prefetch(ctx, wants, ring, now)
+		}
 		e.waitFirstAnswers(ctx, wants)
-		<-fetched
 	}
+	refused := pre.wait()
 	// Answers counted by now show in the rows the picture reads.
 	answers := e.answers.Load()
 	defer func() {
@@ -113,8 +118,7 @@ func (e *Engine) Pass(ctx context.Context) {
 	pic := picture.Lay(e.cfg.Node, wants, heard, e.lookupEntry)
 	holds := picture.Holds(e.cfg.Node, wants, pic, e.lookupEntry)
 
-	stale, staleSince := e.judgeStale(lv, ring, now)
-	attempts, drift, notes := e.applyPass(ctx, lv, ring, wants, holds, stale, now)
+	attempts, drift, notes := e.applyPass(ctx, lv, ring, wants, holds, stale, now, refused)
 
 	e.mu.Lock()
 	e.wants, e.holds, e.picture, e.drift, e.notes = wants, holds, pic, drift, notes
@@ -615,15 +619,49 @@ func (e *Engine) composition(ctx context.Context, w *typev1.Want, ring *verify.K
 	return v, nil
 }
 
-// prefetch fetches and verifies, each in its own goroutine, the
-// compositions of wants not held yet, into the cache the pass's
-// composition takes them from; the channel is closed when all are done. A
-// fetch that fails leaves nothing: the pass fetches again and reports it.
-func (e *Engine) prefetch(ctx context.Context, wants []*typev1.Want, ring *verify.Keyring, now time.Time) <-chan struct{} {
-	done := make(chan struct{})
+// prefetchAtOnce bounds the compositions one pass fetches at once.
+const prefetchAtOnce = 8
+
+// prefetched is a pass's prefetch: done is closed when every fetch ended,
+// and refused then holds the failures by want (prefetchKey).
+type prefetched struct {
+	done    chan struct{}
+	mu      sync.Mutex
+	refused map[string]*apply.Failure
+}
+
+// wait waits for the fetches and returns their failures (nil: none, or no
+// prefetch).
+func (p *prefetched) wait() map[string]*apply.Failure {
+	if p == nil {
+		return nil
+	}
+	<-p.done
+	return p.refused
+}
+
+// prefetchKey names a want's fetch: its module and composition digest (a
+// digest alone may be named by a want of another module, and refused for
+// it only).
+func prefetchKey(w *typev1.Want) string { return w.GetModule() + "\x00" + w.GetCompositionDigest() }
+
+// unblocked reports whether nothing keeps the apply from running: the
+// state is readable and no ledger commit is pending.
+func (e *Engine) unblocked() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.blocked == "" && e.pending == nil
+}
+
+// prefetch fetches and verifies the compositions of wants not held yet,
+// at most prefetchAtOnce at a time, into the cache the pass's composition
+// takes them from. A failure is kept for the apply, which reports it
+// without fetching again.
+func (e *Engine) prefetch(ctx context.Context, wants []*typev1.Want, ring *verify.Keyring, now time.Time) *prefetched {
+	p := &prefetched{done: make(chan struct{}), refused: map[string]*apply.Failure{}}
 	if ring == nil || e.cfg.Composer == nil {
-		close(done)
-		return done
+		close(p.done)
+		return p
 	}
 	var missing []*typev1.Want
 	e.mu.Lock()
@@ -642,14 +680,23 @@ func (e *Engine) prefetch(ctx context.Context, wants []*typev1.Want, ring *verif
 	}
 	e.mu.Unlock()
 	var wg sync.WaitGroup
+	slots := make(chan struct{}, prefetchAtOnce)
 	for _, w := range missing {
-		wg.Go(func() { e.composition(ctx, w, ring, now) })
+		wg.Go(func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			if _, f := e.composition(ctx, w, ring, now); f != nil {
+				p.mu.Lock()
+				p.refused[prefetchKey(w)] = f
+				p.mu.Unlock()
+			}
+		})
 	}
 	go func() {
 		wg.Wait()
-		close(done)
+		close(p.done)
 	}()
-	return done
+	return p
 }
 
 // recheck judges a composition held by digest (cached, or applied) for a
@@ -680,7 +727,9 @@ type outcome struct {
 }
 
 // applyPass decides the compositions in effect and applies them.
-func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, wants []*typev1.Want, holds []*nodeenginev1.EngineHold, stale string, now time.Time) (map[string]*outcome, []string, map[string][]string) {
+// refused are the failures of this pass's prefetch, by want (prefetchKey):
+// not fetched again.
+func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, wants []*typev1.Want, holds []*nodeenginev1.EngineHold, stale string, now time.Time, refused map[string]*apply.Failure) (map[string]*outcome, []string, map[string][]string) {
 	out := map[string]*outcome{}
 	wantOf := map[string]*typev1.Want{}
 	for _, w := range wants {
@@ -725,7 +774,11 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		fetched := map[string]*apply.Composition{}
 		for _, w := range lv.manifest.GetWants() {
 			m := w.GetModule()
-			v, f := e.composition(ctx, w, ring, now)
+			var v *verified
+			f := refused[prefetchKey(w)]
+			if f == nil {
+				v, f = e.composition(ctx, w, ring, now)
+			}
 			if f != nil {
 				out[m] = &outcome{state: stateFailed, code: f.Code, reason: f.Reason, want: w}
 				removals = false
