@@ -150,8 +150,9 @@ type KV struct {
 	// lastSeq shares LastSequence requests between concurrent callers.
 	lastSeq *lastSeqShare
 	// acked is the highest revision a write through this handle was
-	// acknowledged with (see Acked).
-	acked *atomic.Uint64
+	// acknowledged with (see Acked); unsure counts the writes whose outcome
+	// is unknown (see Unsure).
+	acked, unsure *atomic.Uint64
 }
 
 // OpenKV binds to an existing bucket without changing it, for services that
@@ -196,6 +197,7 @@ func openKV(ctx context.Context, js jetstream.JetStream, bucket string, maxValue
 		tracer:   o.tracer,
 		lastSeq:  &lastSeqShare{},
 		acked:    &atomic.Uint64{},
+		unsure:   &atomic.Uint64{},
 	}, nil
 }
 
@@ -379,6 +381,12 @@ func (k *KV) publish(ctx context.Context, key string, value []byte, expect *uint
 	}
 	ack, err := Request(ctx, func(ctx context.Context) (*jetstream.PubAck, error) { return k.js.PublishMsg(ctx, m) })
 	if err != nil {
+		var refused *jetstream.APIError
+		if !errors.As(err, &refused) {
+			// No answer from the stream (a timeout, a connection lost):
+			// the write may have been stored all the same.
+			k.unsure.Add(1)
+		}
 		return 0, err
 	}
 	for {
@@ -396,6 +404,12 @@ func (k *KV) publish(ctx context.Context, key string, value []byte, expect *uint
 // every write this handle made before — a barrier on the process's own
 // writes that asks the server nothing (LastSequence asks it for everyone's).
 func (k *KV) Acked() uint64 { return k.acked.Load() }
+
+// Unsure counts the writes through this handle that got no answer from the
+// stream (a timeout, a connection lost): each may have been stored without
+// Acked knowing its revision, so a barrier on Acked taken while the count
+// moved must ask the stream instead.
+func (k *KV) Unsure() uint64 { return k.unsure.Load() }
 
 // Create writes the key's first value and returns its revision. A key whose
 // last revision is a delete or purge marker counts as absent, as in nats.go.

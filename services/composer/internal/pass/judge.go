@@ -290,8 +290,8 @@ func (p *Passer) follow(ctx context.Context, it *item, jc *judging) error {
 }
 
 // stillJudged reports whether the composition mirror, current as of now
-// (after this pass's writes: its stream-info request is sent after this
-// call), shows the key holding the very digest judged. That is what the
+// (after this pass's writes: its barrier is taken after them, see
+// mirror.current), shows the key holding the very digest judged. That is what the
 // re-read from the stream leader would find, without moving the value;
 // anything else (the mirror behind, the key moved or gone) is read.
 func (p *Passer) stillJudged(ctx context.Context, st *nodeState, it *item) bool {

@@ -82,12 +82,28 @@ func TestMirrorAfterTheStoreWentBack(t *testing.T) {
 	e, snap = testutil.SnapshotJetStream(t, e)
 	put("a", "2")
 	put("lost", "1")
+	for i := range 20 {
+		put(fmt.Sprint("lost", i), "1")
+	}
 	waitCurrent("the mirror holds the writes after the snapshot", map[string]string{"a": "2", "lost": "1"})
 
 	testutil.RollbackJetStream(t, e, snap)
 	waitCurrent("the mirror holds what the bucket holds after it went back", map[string]string{"a": "1", "b": "1", "lost": ""})
 	put("c", "1")
 	waitCurrent("the mirror follows the writes after the store went back", map[string]string{"c": "1"})
+	// The handle was acknowledged revisions the stream now hands out
+	// again: a tenure's barriers keep asking the stream (waiting for Acked
+	// they would time out, the watch never reaching it), and hold.
+	for i := range 3 {
+		key := fmt.Sprint("tenured", i)
+		put(key, "1")
+		if !m.current(ctx, kv, 7) {
+			t.Fatalf("barrier %d of a tenure after the store went back: not current (Acked %d)", i, kv.Acked())
+		}
+		if ok, why := holds(key, "1"); !ok {
+			t.Fatalf("barrier %d of a tenure after the store went back: %s", i, why)
+		}
+	}
 }
 
 // following runs m's watch of kv until the test ends.
@@ -229,6 +245,9 @@ func TestMirrorBarrierInATenure(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := newMirror("test", recordSummary)
+	// Each barrier below must see the watch deliver; a slow machine must
+	// not make it time out.
+	m.wait = 10 * time.Second
 	following(t, m, kv)
 	asked := func() int {
 		n := 0
@@ -290,6 +309,22 @@ func TestMirrorBarrierInATenure(t *testing.T) {
 	}
 	if !m.current(ctx, kv, 7) || asked() != 4 {
 		t.Errorf("a barrier of the older tenure 7 after 8's: %d stream-info requests, want 4", asked())
+	}
+	// A write that got no answer may have been stored with a revision
+	// Acked does not know: the next barrier of the tenure asks.
+	if !m.current(ctx, kv, 8) || asked() != 4 {
+		t.Errorf("a later barrier of tenure 8: %d stream-info requests, want 4", asked())
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := kv.Put(cancelled, "d", []byte("1")); err == nil {
+		t.Fatal("a put on a cancelled context succeeded")
+	}
+	if !m.current(ctx, kv, 8) || asked() != 5 {
+		t.Errorf("barrier of tenure 8 after a write with no answer: %d stream-info requests, want 5", asked())
+	}
+	if !m.current(ctx, kv, 8) || asked() != 5 {
+		t.Errorf("the barrier after: %d stream-info requests, want still 5", asked())
 	}
 	// A watch that starts over forgets the tenure.
 	m.mu.Lock()

@@ -61,8 +61,11 @@ type mirror struct {
 	seen           uint64
 	ready, running bool
 	// tenure is the lease epoch whose first barrier asked the stream (0:
-	// none since the watch last started): see current.
-	tenure uint64
+	// none since the watch last started), and unsure the handle's count of
+	// writes with no answer then: see current.
+	tenure, unsure uint64
+	// wait bounds a barrier's wait for the watch (mirrorWait).
+	wait time.Duration
 }
 
 type mirrored struct {
@@ -75,7 +78,7 @@ type mirrored struct {
 }
 
 func newMirror(name string, summary func([]byte) (string, string)) *mirror {
-	m := &mirror{name: name, summary: summary, m: map[string]mirrored{}, byNode: map[string]map[string]struct{}{}}
+	m := &mirror{name: name, summary: summary, m: map[string]mirrored{}, byNode: map[string]map[string]struct{}{}, wait: mirrorWait}
 	m.changed = sync.NewCond(&m.mu)
 	return m
 }
@@ -257,19 +260,27 @@ func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
 // writer of the bucket while it holds the lease, and a node's keys are
 // written by one pass at a time. A write it did not make — an old holder's
 // still in flight, bytes put straight into JetStream — may be missing when
-// the pass decides; the watch delivers it a moment later, and a composition
-// written so asks for a pass of its node (judgeWrite). A CAS at a revision
-// the mirror had fails on it meanwhile, and is read again.
+// the pass decides: the watch delivers it a moment later; a composition
+// written so asks for a pass of its node (judgeWrite), a judgement record
+// (advisory) is put right by the node's next pass, and a CAS at a revision
+// the mirror had fails on it and is read again. The stream is asked again
+// after a write of kv got no answer (kv.Unsure: it may have been stored
+// without a revision known), after a wait that timed out, and after the
+// watch started over; and the tenure is not taken while the stream holds
+// less than kv was acknowledged (it went back to an older state).
 func (m *mirror) current(ctx context.Context, kv *natsx.KV, tenure uint64) bool {
+	unsure := kv.Unsure()
 	m.mu.Lock()
-	usable, seen, tenured := m.running && m.ready, m.seen, tenure != 0 && m.tenure == tenure
+	usable, seen := m.running && m.ready, m.seen
+	tenured := tenure != 0 && m.tenure == tenure && m.unsure == unsure
 	m.mu.Unlock()
 	if !usable {
 		return false
 	}
 	var last uint64
+	acked := kv.Acked()
 	if tenured {
-		last = kv.Acked()
+		last = acked
 	} else {
 		var err error
 		if last, err = kv.LastSequence(ctx); err != nil {
@@ -283,8 +294,8 @@ func (m *mirror) current(ctx context.Context, kv *natsx.KV, tenure uint64) bool 
 			return false
 		}
 	}
-	deadline := time.Now().Add(mirrorWait)
-	timer := time.AfterFunc(mirrorWait, func() {
+	deadline := time.Now().Add(m.wait)
+	timer := time.AfterFunc(m.wait, func() {
 		m.mu.Lock()
 		m.changed.Broadcast()
 		m.mu.Unlock()
@@ -296,9 +307,16 @@ func (m *mirror) current(ctx context.Context, kv *natsx.KV, tenure uint64) bool 
 		m.changed.Wait()
 	}
 	ok := m.running && m.ready && m.seen >= last
-	if ok && !tenured && tenure != 0 {
+	switch {
+	case tenured && !ok:
+		// The watch did not deliver this composer's writes in time: ask
+		// the stream next time.
+		if m.tenure == tenure {
+			m.tenure = 0
+		}
+	case !tenured && ok && tenure != 0 && tenure >= m.tenure && acked <= last:
 		// The later barriers of the tenure need not ask.
-		m.tenure = max(m.tenure, tenure)
+		m.tenure, m.unsure = tenure, unsure
 	}
 	return ok
 }
