@@ -623,3 +623,43 @@ func TestKVCreateWithHeader(t *testing.T) {
 		t.Errorf("a refused create wrote: %v", err)
 	}
 }
+
+// TestKVAckedAndUnsure: Acked is the highest revision a write through the
+// handle was acknowledged with, whatever the kind of write, and not another
+// handle's; Unsure counts the writes that got no answer, not the ones the
+// stream refused.
+func TestKVAckedAndUnsure(t *testing.T) {
+	t.Parallel()
+	_, js := serverAndJS(t)
+	spec := testSpec(1)
+	kv := ensureKV(t, js, spec)
+	other, err := OpenKV(t.Context(), js, spec.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if kv.Acked() != 0 || kv.Unsure() != 0 {
+		t.Fatalf("a new handle: Acked %d, Unsure %d", kv.Acked(), kv.Unsure())
+	}
+	rev, err := kv.Create(ctx, "a", []byte("1"))
+	if err != nil || kv.Acked() != rev {
+		t.Fatalf("after a create at r%d (%v): Acked %d", rev, err, kv.Acked())
+	}
+	if rev, err = kv.Update(ctx, "a", []byte("2"), rev); err != nil || kv.Acked() != rev {
+		t.Fatalf("after an update at r%d (%v): Acked %d", rev, err, kv.Acked())
+	}
+	if err := kv.Delete(ctx, "a"); err != nil || kv.Acked() != rev+1 {
+		t.Fatalf("after a delete (%v): Acked %d, want r%d", err, kv.Acked(), rev+1)
+	}
+	if _, err := other.Put(ctx, "b", []byte("1")); err != nil || kv.Acked() != rev+1 {
+		t.Fatalf("another handle's put (%v) moved Acked to %d", err, kv.Acked())
+	}
+	if _, err := kv.Update(ctx, "b", []byte("2"), 1); !errors.Is(err, ErrConflict) || kv.Unsure() != 0 {
+		t.Fatalf("a refused update: %v, Unsure %d; want a conflict and 0", err, kv.Unsure())
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := kv.Put(cancelled, "c", []byte("1")); err == nil || kv.Unsure() != 1 {
+		t.Fatalf("a put with no answer: %v, Unsure %d; want an error and 1", err, kv.Unsure())
+	}
+}
