@@ -214,10 +214,12 @@ func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Ass
 			p.statuses.wrote(node, epoch, rev, next)
 			return nil
 		}
+		// Also when no answer came: the write may have been stored, and
+		// the status kept would then say what the key no longer holds.
+		p.statuses.forget(node)
 		if !errors.Is(err, store.ErrConflict) {
 			return err
 		}
-		p.statuses.forget(node)
 	}
 	return fmt.Errorf("status of %s: %w", node, err)
 }
