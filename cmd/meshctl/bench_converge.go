@@ -20,7 +20,9 @@ RegisterModule call returning to its apply of the new composition. It prints p50
 p99 and the time to 100 % applied, beside the same-run baseline: the change's KV
 writes (compositions, judgement records, assignments) done raw with the same
 concurrency. Also the engine's verify cost per 12 KB composition. JetStream runs
-with sync_interval always (the embedded default) unless --lazy.`,
+with sync_interval always (the embedded default) unless --lazy. With --changes N
+the change is made N times, one after the other: each change's figures, then the
+change whose p99 is the median in full, which is steadier run to run.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return benchconverge.Run(cmd.Context(), o, cmd.OutOrStdout())
@@ -36,5 +38,6 @@ with sync_interval always (the embedded default) unless --lazy.`,
 	f.BoolVar(&o.Breakdown, "breakdown", false, "print where the change's time went, span by span")
 	f.StringVar(&o.CPUProfile, "cpuprofile", "", "write the change's CPU profile here")
 	f.StringVar(&o.MemProfile, "memprofile", "", "write the allocation profiles at the change's start (FILE.base) and end (FILE) here")
+	f.IntVar(&o.Changes, "changes", 1, "fleet-wide changes one after the other: each one's figures, and the median change's in full (the breakdown and profiles cover the first)")
 	return cmd
 }

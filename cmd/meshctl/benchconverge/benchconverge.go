@@ -10,6 +10,7 @@
 package benchconverge
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -81,12 +82,22 @@ type Options struct {
 	// its start: `go tool pprof -sample_index=alloc_space -diff_base
 	// FILE.base FILE` shows what the change allocated.
 	MemProfile string
+	// Changes is how many fleet-wide changes run one after the other
+	// (default 1), each to a new fingerprint of bench. The figures reported
+	// are the change whose p99 is the median, beside each change's own;
+	// the breakdown and the profiles cover the first.
+	Changes int
 }
 
 // Result is what a run measured.
 type Result struct {
 	Engines  int
 	LazySync bool
+	// Changes are the figures of every change, in order; Median is the
+	// index of the one whose p99 is the median (the lower of two), whose
+	// figures Assigned, Applied, CPU and Window are.
+	Changes []ChangeFigures
+	Median  int
 	// Placement is how long the first placement took to converge.
 	Placement time.Duration
 	// Assigned is when the last assignment naming the new fingerprint was
@@ -119,6 +130,11 @@ type Result struct {
 	Apply, Sign, SigVerify time.Duration
 	// Cores is how many cores the process may use.
 	Cores int
+}
+
+// ChangeFigures are one change's figures.
+type ChangeFigures struct {
+	P50, P99, All, Assigned, CPU, Window time.Duration
 }
 
 // Floor is the CPU time of the work a change cannot skip, each part
@@ -169,6 +185,9 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
+	}
+	if o.Changes <= 0 {
+		o.Changes = 1
 	}
 	if o.LogOutput == nil {
 		o.LogOutput = io.Discard
@@ -240,62 +259,96 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	res.Placement = time.Since(start)
 	fmt.Fprintf(w, "first placement converged on %d engines in %s\n", o.Engines, res.Placement.Round(time.Millisecond))
 
-	// The change: a new fingerprint of bench, registered fleet-wide.
-	fp1, err := b.publish(ctx, 1, false)
-	if err != nil {
-		return nil, err
+	// The changes: each a new fingerprint of bench, registered fleet-wide.
+	type change struct {
+		figures  ChangeFigures
+		applied  []time.Duration
+		assigned time.Duration
 	}
-	watch = b.watch(ctx, fp1)
-	assigned := b.watchAssignments(ctx, fp1)
-	if o.CPUProfile != "" {
-		f, err := os.Create(o.CPUProfile)
+	var changes []change
+	fp := fp0
+	for i := 1; i <= o.Changes; i++ {
+		first := i == 1
+		if i == 2 {
+			// The breakdown covers the spans that start before the next
+			// change begins: the first change's, and what its engines'
+			// reports called for by then.
+			spans.until(time.Now())
+		}
+		from := fp
+		if fp, err = b.publish(ctx, i, false); err != nil {
+			return nil, err
+		}
+		watch = b.watch(ctx, fp)
+		assigned := b.watchAssignments(ctx, fp)
+		if first && o.CPUProfile != "" {
+			f, err := os.Create(o.CPUProfile)
+			if err != nil {
+				return nil, err
+			}
+			if err := pprof.StartCPUProfile(f); err != nil {
+				f.Close()
+				return nil, err
+			}
+			defer func() {
+				pprof.StopCPUProfile()
+				f.Close()
+			}()
+		}
+		if first && o.MemProfile != "" {
+			if err := writeAllocs(o.MemProfile + ".base"); err != nil {
+				return nil, err
+			}
+		}
+		cpu0 := cpuTime()
+		reg := time.Now()
+		if first {
+			spans.from(reg)
+		}
+		if _, err := b.catalog.RegisterModule(ctx, &catalogv1.RegisterModuleRequest{Module: "bench", Fingerprint: fp}); err != nil {
+			return nil, fmt.Errorf("register bench: %w", err)
+		}
+		t0 := time.Now()
+		fmt.Fprintf(w, "change: bench %s -> %s (RegisterModule took %s)\n", short(from), short(fp), t0.Sub(reg).Round(time.Microsecond))
+		applied, err := waitAll(ctx, watch, t0, o.Timeout)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("change %d: %w", i, err)
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			return nil, err
+		c := change{applied: applied}
+		c.figures.CPU, c.figures.Window = cpuTime()-cpu0, time.Since(reg)
+		if first {
+			if o.CPUProfile != "" {
+				pprof.StopCPUProfile()
+			}
+			if o.MemProfile != "" {
+				if err := writeAllocs(o.MemProfile); err != nil {
+					return nil, err
+				}
+				fmt.Fprintf(w, "allocations of the change: go tool pprof -sample_index=alloc_space -diff_base %s.base %s\n", o.MemProfile, o.MemProfile)
+			}
 		}
-		defer func() {
-			pprof.StopCPUProfile()
-			f.Close()
-		}()
-	}
-	if o.MemProfile != "" {
-		if err := writeAllocs(o.MemProfile + ".base"); err != nil {
-			return nil, err
+		// Every engine applied: every assignment is written, and seen soon.
+		if at, err := assigned.wait(min(o.Timeout, 30*time.Second)); err == nil {
+			c.assigned = at.Sub(t0)
 		}
+		one := &Result{Applied: applied}
+		c.figures.P50, c.figures.P99, c.figures.All, c.figures.Assigned = one.Percentile(50), one.Percentile(99), one.All(), c.assigned
+		changes = append(changes, c)
 	}
-	cpu0 := cpuTime()
-	reg := time.Now()
-	spans.from(reg)
-	if _, err := b.catalog.RegisterModule(ctx, &catalogv1.RegisterModuleRequest{Module: "bench", Fingerprint: fp1}); err != nil {
-		return nil, fmt.Errorf("register bench: %w", err)
+	order := make([]int, len(changes))
+	for i := range order {
+		order[i] = i
 	}
-	t0 := time.Now()
-	fmt.Fprintf(w, "change: bench %s -> %s (RegisterModule took %s)\n", short(fp0), short(fp1), t0.Sub(reg).Round(time.Microsecond))
-	applied, err := waitAll(ctx, watch, t0, o.Timeout)
-	if err != nil {
-		return nil, fmt.Errorf("the change: %w", err)
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(changes[a].figures.P99, changes[b].figures.P99) })
+	res.Median = order[(len(order)-1)/2]
+	for _, c := range changes {
+		res.Changes = append(res.Changes, c.figures)
 	}
-	res.Applied = applied
-	res.CPU, res.Window = cpuTime()-cpu0, time.Since(reg)
-	if o.CPUProfile != "" {
-		pprof.StopCPUProfile()
-	}
-	if o.MemProfile != "" {
-		if err := writeAllocs(o.MemProfile); err != nil {
-			return nil, err
-		}
-		fmt.Fprintf(w, "allocations of the change: go tool pprof -sample_index=alloc_space -diff_base %s.base %s\n", o.MemProfile, o.MemProfile)
-	}
-	// Every engine applied: every assignment is written, and seen soon.
-	if at, err := assigned.wait(min(o.Timeout, 30*time.Second)); err == nil {
-		res.Assigned = at.Sub(t0)
-	}
+	med := changes[res.Median]
+	res.Applied, res.Assigned, res.CPU, res.Window = med.applied, med.assigned, med.figures.CPU, med.figures.Window
 
 	// The raw baseline: the change's writes again, straight to JetStream.
-	raw, n, rawCPU, err := b.rawBaseline(ctx, fp1)
+	raw, n, rawCPU, err := b.rawBaseline(ctx, fp)
 	if err != nil {
 		return nil, fmt.Errorf("raw baseline: %w", err)
 	}
@@ -332,6 +385,7 @@ func writeAllocs(path string) error {
 type spanTotals struct {
 	mu     sync.Mutex
 	since  time.Time
+	before time.Time
 	byName map[string]*spanTotal
 }
 
@@ -349,12 +403,22 @@ func (s *spanTotals) from(t time.Time) {
 	s.mu.Unlock()
 }
 
+// until leaves out the spans that start after t.
+func (s *spanTotals) until(t time.Time) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.before = t
+	s.mu.Unlock()
+}
+
 // ExportSpans implements sdktrace.SpanExporter.
 func (s *spanTotals) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, sp := range spans {
-		if s.since.IsZero() || sp.StartTime().Before(s.since) {
+		if s.since.IsZero() || sp.StartTime().Before(s.since) || (!s.before.IsZero() && sp.StartTime().After(s.before)) {
 			continue
 		}
 		t := s.byName[sp.Name()]
@@ -391,6 +455,13 @@ func (s *spanTotals) print(w io.Writer, top int) {
 
 func report(w io.Writer, r *Result, o Options) {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+	if len(r.Changes) > 1 {
+		for i, c := range r.Changes {
+			fmt.Fprintf(w, "  change %d: p50 %s  p99 %s  100 %% %s  last assignment %s  CPU %.2f s in %.2f s\n",
+				i+1, ms(c.P50), ms(c.P99), ms(c.All), ms(c.Assigned), c.CPU.Seconds(), c.Window.Seconds())
+		}
+		fmt.Fprintf(w, "the median change by p99, change %d of %d:\n", r.Median+1, len(r.Changes))
+	}
 	fmt.Fprintf(w, "  composer: last assignment naming it written %s after the registration\n", ms(r.Assigned))
 	fmt.Fprintf(w, "  change-to-applied on the engines: p50 %s  p99 %s  100 %% %s\n", ms(r.Percentile(50)), ms(r.Percentile(99)), ms(r.All()))
 	if r.Window > 0 {

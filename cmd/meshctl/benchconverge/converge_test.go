@@ -38,16 +38,21 @@ func BenchmarkConverge(b *testing.B) {
 	}
 }
 
-// TestRunSmall runs the benchmark on a few engines, both syncs: every
-// engine applies the change and every figure is printed.
+// TestRunSmall runs the benchmark on a few engines, both syncs (the lazy
+// one with two changes): every engine applies each change and every figure
+// is printed.
 func TestRunSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a mesh")
 	}
 	for _, lazy := range []bool{false, true} {
+		changes := 1
+		if lazy {
+			changes = 2
+		}
 		var out bytes.Buffer
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		r, err := Measure(ctx, Options{Engines: 5, LazySync: lazy, Timeout: time.Minute, Breakdown: true}, &out)
+		r, err := Measure(ctx, Options{Engines: 5, LazySync: lazy, Timeout: time.Minute, Breakdown: true, Changes: changes}, &out)
 		cancel()
 		t.Log(out.String())
 		if err != nil {
@@ -61,6 +66,12 @@ func TestRunSmall(t *testing.T) {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("the output does not say %q", want)
 			}
+		}
+		if len(r.Changes) != changes || r.Median < 0 || r.Median >= changes || r.Changes[r.Median].P99 != r.Percentile(99) {
+			t.Errorf("changes %+v, median %d; want %d, the median's p99 %s", r.Changes, r.Median, changes, r.Percentile(99))
+		}
+		if lazy && (!strings.Contains(out.String(), "change 2: p50") || !strings.Contains(out.String(), "the median change by p99")) {
+			t.Errorf("the output of two changes does not give each change's figures and the median")
 		}
 	}
 }
