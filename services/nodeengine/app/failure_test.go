@@ -32,6 +32,13 @@ func TestStateFailurePolicy(t *testing.T) {
 			defer w.composer.mu.Unlock()
 			return len(w.composer.hellos) > 0, ""
 		})
+		// The keyset, sent after the hello, is kept with the high-water
+		// marks: the failure goes in once it is, or the keyset fails
+		// instead and the manifest waits for one (KEYSET_INVALID).
+		eventually(t, "keyset taken", func() (bool, string) {
+			s := r.status(t)
+			return s.GetKeysetVersion() == 1, s.String()
+		})
 		faulty.Fail(state.SectionHighWater, true)
 		m := w.publish(manifestOpts{}, nodeComp(file("node", "a", "/etc/app/a", "a")))
 		r.waitAttempt(t, names.NodeModule, stateFailed, composerv1.ReasonCode_REASON_CODE_WRITE_FAILED)
