@@ -394,22 +394,23 @@ type spanTotal struct {
 	total, max time.Duration
 }
 
+// from leaves out the spans that start before t, and until those that
+// start after t.
 func (s *spanTotals) from(t time.Time) {
-	if s == nil {
-		return
+	if s != nil {
+		s.set(&s.since, t)
 	}
-	s.mu.Lock()
-	s.since = t
-	s.mu.Unlock()
 }
 
-// until leaves out the spans that start after t.
 func (s *spanTotals) until(t time.Time) {
-	if s == nil {
-		return
+	if s != nil {
+		s.set(&s.before, t)
 	}
+}
+
+func (s *spanTotals) set(bound *time.Time, t time.Time) {
 	s.mu.Lock()
-	s.before = t
+	*bound = t
 	s.mu.Unlock()
 }
 
