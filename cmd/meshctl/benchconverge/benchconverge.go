@@ -261,9 +261,8 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 
 	// The changes: each a new fingerprint of bench, registered fleet-wide.
 	type change struct {
-		figures  ChangeFigures
-		applied  []time.Duration
-		assigned time.Duration
+		figures ChangeFigures
+		applied []time.Duration
 	}
 	var changes []change
 	fp := fp0
@@ -329,10 +328,10 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		}
 		// Every engine applied: every assignment is written, and seen soon.
 		if at, err := assigned.wait(min(o.Timeout, 30*time.Second)); err == nil {
-			c.assigned = at.Sub(t0)
+			c.figures.Assigned = at.Sub(t0)
 		}
 		one := &Result{Applied: applied}
-		c.figures.P50, c.figures.P99, c.figures.All, c.figures.Assigned = one.Percentile(50), one.Percentile(99), one.All(), c.assigned
+		c.figures.P50, c.figures.P99, c.figures.All = one.Percentile(50), one.Percentile(99), one.All()
 		changes = append(changes, c)
 	}
 	order := make([]int, len(changes))
@@ -345,7 +344,7 @@ func Measure(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		res.Changes = append(res.Changes, c.figures)
 	}
 	med := changes[res.Median]
-	res.Applied, res.Assigned, res.CPU, res.Window = med.applied, med.assigned, med.figures.CPU, med.figures.Window
+	res.Applied, res.Assigned, res.CPU, res.Window = med.applied, med.figures.Assigned, med.figures.CPU, med.figures.Window
 
 	// The raw baseline: the change's writes again, straight to JetStream.
 	raw, n, rawCPU, err := b.rawBaseline(ctx, fp)

@@ -295,7 +295,7 @@ func (p *Passer) follow(ctx context.Context, it *item, jc *judging) error {
 // re-read from the stream leader would find, without moving the value;
 // anything else (the mirror behind, the key moved or gone) is read.
 func (p *Passer) stillJudged(ctx context.Context, st *nodeState, it *item) bool {
-	if !p.compositions.current(ctx, p.cfg.Store.Compositions, st.tenure()) {
+	if !p.compositions.current(ctx, p.cfg.Store.Compositions, st.tenure) {
 		return false
 	}
 	v, ok := p.compositions.lookup(it.key)

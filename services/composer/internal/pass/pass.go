@@ -244,9 +244,10 @@ type nodeState struct {
 	// epoch is the fencing epoch of the lease tenure a Write pass started
 	// under: every sign request of the pass carries it.
 	epoch uint64
-	// reconciled is set for a reconciler's pass (RunThenFinish): it
-	// decides on what the watches delivered (see tenure).
-	reconciled bool
+	// tenure is the lease epoch the pass's mirror barriers are taken in
+	// (see mirror.current): a reconciler's Write pass's (RunThenFinish),
+	// 0 for any other, whose barriers ask the stream each time.
+	tenure uint64
 	// corruptAssignment is set when the assignment held a value that does
 	// not decode: it counts as present with no content (asgRev is its
 	// revision, so the commit replaces it by CAS), and the wants the
@@ -259,20 +260,6 @@ type nodeState struct {
 	// mirror says whether the composition mirror was current when the
 	// pass began comparing: 0 not asked yet, 1 yes, 2 no.
 	mirror int
-}
-
-// tenure is the lease epoch the pass's mirror barriers are taken in (see
-// mirror.current): a reconciler's Write pass's, 0 for any other, whose
-// barriers ask the stream each time.
-func (st *nodeState) tenure() uint64 {
-	return passTenure(st.mode, st.reconciled, st.epoch)
-}
-
-func passTenure(mode Mode, reconciled bool, epoch uint64) uint64 {
-	if mode != Write || !reconciled {
-		return 0
-	}
-	return epoch
 }
 
 // wanted reports whether the held assignment wants a composition key at a
@@ -518,9 +505,13 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 		err      error
 		mirrored bool
 	}
+	var tenure uint64 // see nodeState.tenure
+	if mode == Write && later != nil {
+		tenure = epoch
+	}
 	listed := make(chan listing, 1)
 	go func() {
-		if p.compositions.current(ctx, p.cfg.Store.Compositions, passTenure(mode, later != nil, epoch)) {
+		if p.compositions.current(ctx, p.cfg.Store.Compositions, tenure) {
 			if keys, ok := p.compositions.keysOf(node); ok {
 				listed <- listing{keys: keys, mirrored: true}
 				return
@@ -535,7 +526,7 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	if err != nil {
 		return nil, err
 	}
-	st.mode, st.epoch, st.reconciled = mode, epoch, later != nil
+	st.mode, st.epoch, st.tenure = mode, epoch, tenure
 	res := &Result{Node: node}
 	var errs []error
 	fail := func(err error) {

@@ -324,7 +324,7 @@ func (m *mirror) current(ctx context.Context, kv *natsx.KV, tenure uint64) bool 
 // mirrorCurrent reports whether the record mirror is current for a pass
 // (see current).
 func (p *Passer) mirrorCurrent(ctx context.Context, st *nodeState) bool {
-	return p.records.current(ctx, p.cfg.Store.Composed, st.tenure())
+	return p.records.current(ctx, p.cfg.Store.Composed, st.tenure)
 }
 
 // lookup returns what the mirror holds of a key.

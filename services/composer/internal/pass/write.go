@@ -164,7 +164,7 @@ func (p *Passer) prepare(ctx context.Context, node string, keys []string, comps 
 func (p *Passer) fromMirror(ctx context.Context, st *nodeState, it *item) bool {
 	if st.mirror == 0 {
 		st.mirror = 2
-		if p.compositions.current(ctx, p.cfg.Store.Compositions, st.tenure()) {
+		if p.compositions.current(ctx, p.cfg.Store.Compositions, st.tenure) {
 			st.mirror = 1
 		}
 	}
@@ -450,7 +450,7 @@ func (p *Passer) followAll(ctx context.Context, items []*item, jc *judging, fail
 	}
 	// One stream-info request instead of a read per key; a single key is
 	// read as cheaply.
-	mirrored := len(items) > 1 && p.compositions.current(ctx, p.cfg.Store.Compositions, jc.st.tenure())
+	mirrored := len(items) > 1 && p.compositions.current(ctx, p.cfg.Store.Compositions, jc.st.tenure)
 	for _, it := range items {
 		if mirrored {
 			if v, ok := p.compositions.lookup(it.key); ok && v.put && v.sum == it.digest {

@@ -559,12 +559,7 @@ func (e *Engine) composition(ctx context.Context, w *typev1.Want, ring *verify.K
 		return &apply.Failure{Code: ReasonOf(err), Reason: fmt.Sprintf("composition %s refused: %v", w.GetCompositionKey(), err)}
 	}
 	e.mu.Lock()
-	held, cached := e.compCache[w.GetCompositionDigest()]
-	if !cached {
-		if env := e.applied.Compositions[w.GetModule()]; env != nil && envelope.Digest(env) == w.GetCompositionDigest() {
-			held = &verified{env: env}
-		}
-	}
+	held := e.heldLocked(w)
 	e.mu.Unlock()
 	if held != nil {
 		// Held by digest, which alone ties it neither to this want's
@@ -666,17 +661,9 @@ func (e *Engine) prefetch(ctx context.Context, wants []*typev1.Want, ring *verif
 	var missing []*typev1.Want
 	e.mu.Lock()
 	for _, w := range wants {
-		d := w.GetCompositionDigest()
-		if d == "" {
-			continue
+		if w.GetCompositionDigest() != "" && e.heldLocked(w) == nil {
+			missing = append(missing, w)
 		}
-		if _, ok := e.compCache[d]; ok {
-			continue
-		}
-		if env := e.applied.Compositions[w.GetModule()]; env != nil && envelope.Digest(env) == d {
-			continue
-		}
-		missing = append(missing, w)
 	}
 	e.mu.Unlock()
 	var wg sync.WaitGroup
@@ -697,6 +684,19 @@ func (e *Engine) prefetch(ctx context.Context, wants []*typev1.Want, ring *verif
 		close(p.done)
 	}()
 	return p
+}
+
+// heldLocked returns the composition of a want's digest the engine holds:
+// cached, or applied for its module (not verified yet); nil when it must
+// be fetched.
+func (e *Engine) heldLocked(w *typev1.Want) *verified {
+	if v, ok := e.compCache[w.GetCompositionDigest()]; ok {
+		return v
+	}
+	if env := e.applied.Compositions[w.GetModule()]; env != nil && envelope.Digest(env) == w.GetCompositionDigest() {
+		return &verified{env: env}
+	}
+	return nil
 }
 
 // recheck judges a composition held by digest (cached, or applied) for a
