@@ -24,7 +24,7 @@ import (
 func (p *Passer) assign(ctx context.Context, st *nodeState, work []*item, builds map[string]*catalogBuild, fpHolds []fpHold) ([]*typev1.Want, []*composerv1.Hold, []string, error) {
 	node := st.spec.GetNode()
 	labels := st.spec.GetLabels()
-	approvals := p.cfg.Approvals.Approvals()
+	approvals := st.approvals
 	var wants []*typev1.Want
 	var holds []*composerv1.Hold
 	// content of each wanted composition, for the path check below.
@@ -136,21 +136,52 @@ func approvalOf(approvals []*composerv1.Approval, module, digest string, labels 
 	return ""
 }
 
-// heldOverWanted reports whether writing a module's composition that
-// differs would replace the very composition the node wants with a move
-// the assigner then holds: a change of params, facts or labels at the same
-// fingerprint has the same key (<node>.<module>.<fp>). Such a write is not
-// made — the held want stays held and the hold names the new digest, which
-// an approval lets through (the pass that moves writes it). It judges it.
-func (p *Passer) heldOverWanted(ctx context.Context, st *nodeState, it *item, jc *judging) bool {
+// sameKeyMove reports whether writing an item would replace the very
+// composition the node wants: a change of params, facts or labels at the
+// same fingerprint has the same key (<node>.<module>.<fp>).
+func sameKeyMove(st *nodeState, it *item) bool {
 	prev := st.prevWant(it.comp.GetModule())
-	if it.own || prev == nil || prev.GetCompositionKey() != it.key || it.heldDigest != prev.GetCompositionDigest() {
-		return false
+	return !it.own && prev != nil && prev.GetCompositionKey() == it.key && it.heldDigest == prev.GetCompositionDigest()
+}
+
+// movesAhead decides the node's wants before anything is written, as the
+// assigner will decide them after the writes, for a pass where a
+// composition to write would replace the very composition the node wants
+// (sameKeyMove). Such a write is made only when the assigner moves the
+// module to it: a move it holds — by policy, for want of an approval, or
+// reverted because a path it declares is still declared by a held
+// composition — would leave the want naming a digest its key no longer
+// holds, and the revert would find nothing to return to. It returns the
+// wanted compositions as "key digest"; nil when the assigner cannot
+// decide (the pass then fails the same way), so that no such write is
+// made.
+func (p *Passer) movesAhead(ctx context.Context, st *nodeState, work []*item, jc *judging, builds map[string]*catalogBuild, fpHolds []fpHold) map[string]bool {
+	wants, _, err := p.planAssign(ctx, st, work, jc, builds, fpHolds)
+	if err != nil {
+		return nil
 	}
-	jc.judge(ctx, it)
-	approvedBy := approvalOf(p.cfg.Approvals.Approvals(), it.comp.GetModule(), it.digest, st.spec.GetLabels())
-	move, _ := compose.Decide(compose.Move{Module: it.comp.GetModule(), Judged: it.judged, Policy: it.policy, Approved: approvedBy != ""})
-	return !move
+	out := make(map[string]bool, len(wants))
+	for _, w := range wants {
+		out[w.GetCompositionKey()+" "+w.GetCompositionDigest()] = true
+	}
+	return out
+}
+
+// planAssign judges the items without an error and assigns as a Plan
+// does, writing nothing.
+func (p *Passer) planAssign(ctx context.Context, st *nodeState, work []*item, jc *judging, builds map[string]*catalogBuild, fpHolds []fpHold) ([]*typev1.Want, []string, error) {
+	clean := make([]*item, 0, len(work))
+	for _, it := range work {
+		if it.err == nil {
+			jc.judge(ctx, it)
+			clean = append(clean, it)
+		}
+	}
+	mode := st.mode
+	st.mode = Plan
+	defer func() { st.mode = mode }()
+	wants, _, approvals, err := p.assign(ctx, st, clean, builds, fpHolds)
+	return wants, approvals, err
 }
 
 func keyOfModule(wants []*typev1.Want, mover, a, b string) string {

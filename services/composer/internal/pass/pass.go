@@ -260,6 +260,11 @@ type nodeState struct {
 	// mirror says whether the composition mirror was current when the
 	// pass began comparing: 0 not asked yet, 1 yes, 2 no.
 	mirror int
+	// approvals are the approvals as the pass began: every decision of
+	// one pass (which writes are deferred, which moves the assigner lets
+	// through) is made on the same ones. An approval that arrives meanwhile
+	// queues a pass of its own.
+	approvals []*composerv1.Approval
 }
 
 // wanted reports whether the held assignment wants a composition key at a
@@ -317,7 +322,7 @@ func (p *Passer) watchedOf(node string) (Watched, bool) {
 // record and assignment come from the watches when they hold them (see
 // Config.Watched and watchedAssignment).
 func (p *Passer) read(ctx context.Context, node string, watched bool) (*nodeState, error) {
-	st := &nodeState{}
+	st := &nodeState{approvals: p.cfg.Approvals.Approvals()}
 	w, usable := p.watchedOf(node)
 	watched = watched && usable
 	// The reads are independent: one round trip instead of three.
@@ -606,7 +611,7 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 		}
 	}
 	if mode == Write {
-		p.write(ctx, st, work, jc, fail)
+		p.write(ctx, st, work, jc, builds, fpHolds, fail)
 	} else {
 		for _, it := range work {
 			if it.err != nil {
@@ -631,9 +636,11 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	}
 	res.Inputs.Approvals = approvals
 	if expect != nil && !slices.Equal(expect.GetApprovals(), approvals) {
-		// The approvals moved while the compositions were written: those
-		// writes stand (derived, and the next pass keeps them), the
-		// assignment is not committed.
+		// The assigner decided otherwise after the writes than before
+		// them (the pass decides on the approvals it began with, but a
+		// held composition may have gone meanwhile): those writes stand
+		// (derived, and the next pass keeps them), the assignment is not
+		// committed.
 		p.finish(ctx, st, res, nil)
 		return res, staleApprovals(node, expect.GetApprovals(), approvals)
 	}
@@ -671,17 +678,7 @@ func (p *Passer) stillHolds(st *nodeState) error {
 // are judged and assigned as a Plan does. ok is false when the assigner
 // cannot decide (the pass fails on the same error without committing).
 func (p *Passer) approvalsNow(ctx context.Context, st *nodeState, work []*item, jc *judging, builds map[string]*catalogBuild, fpHolds []fpHold) ([]string, bool) {
-	clean := make([]*item, 0, len(work))
-	for _, it := range work {
-		if it.err == nil {
-			jc.judge(ctx, it)
-			clean = append(clean, it)
-		}
-	}
-	mode := st.mode
-	st.mode = Plan
-	defer func() { st.mode = mode }()
-	_, _, approvals, err := p.assign(ctx, st, clean, builds, fpHolds)
+	_, approvals, err := p.planAssign(ctx, st, work, jc, builds, fpHolds)
 	return approvals, err == nil
 }
 

@@ -54,7 +54,7 @@ type item struct {
 	differs bool
 	// deferred is set when it differs but is not written: it would
 	// replace the composition the node wants with a move the assigner
-	// holds (see heldOverWanted).
+	// holds (see movesAhead).
 	deferred bool
 	// absent is set when the key held nothing when the pass read it.
 	absent bool
@@ -282,7 +282,7 @@ func (p *Passer) verifyHeld(env *typev1.Envelope, key string, current bool) (*ty
 // that differ are signed in one batch, then the modules' compositions are
 // written (CAS) and judged, each keeping its judgement record, and last the
 // node's own — not written when a module's composition of this pass failed.
-func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *judging, fail func(error)) {
+func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *judging, builds map[string]*catalogBuild, fpHolds []fpHold, fail func(error)) {
 	node := st.spec.GetNode()
 	moduleFailed := false
 	failed := func(it *item, err error) {
@@ -296,6 +296,15 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 	// (DIGEST_MISMATCH or SIZE_EXCEEDED) or could not fetch (FETCH_FAILED):
 	// their objects are hashed again.
 	suspect := suspectKeys(st.haves)
+	// A write over the composition the node wants is decided with the
+	// assignment it leads to (see movesAhead).
+	var ahead map[string]bool
+	for _, it := range work {
+		if it.err == nil && it.differs && sameKeyMove(st, it) {
+			ahead = p.movesAhead(ctx, st, work, jc, builds, fpHolds)
+			break
+		}
+	}
 	var toSign []*item
 	for _, it := range work {
 		if it.err != nil {
@@ -312,7 +321,7 @@ func (p *Passer) write(ctx context.Context, st *nodeState, work []*item, jc *jud
 			}
 			continue
 		}
-		if p.heldOverWanted(ctx, st, it, jc) {
+		if sameKeyMove(st, it) && !ahead[it.key+" "+it.digest] {
 			// Neither signed nor written: the held want stays held.
 			it.differs, it.deferred = false, true
 			continue

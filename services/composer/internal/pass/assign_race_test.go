@@ -1,0 +1,172 @@
+package pass_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"mesh.dev/internal/natsx"
+	composerv1 "mesh.dev/proto/mesh/composer/v1"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+	ct "mesh.dev/services/composer/internal/composertest"
+	"mesh.dev/services/composer/internal/pass"
+)
+
+// An approval that arrives in the middle of a pass, after the write of the
+// move it approves was deferred and before the assigner decides: the pass
+// decides both on the approvals it began with, so its want names what the
+// key holds, and the next pass moves.
+func TestApprovalMidPassIsDecidedOnce(t *testing.T) {
+	w := ct.New(t)
+	c := w.StartManual(t, "one")
+	fpS := w.Release(t, ct.SSHD("1.0", ""), nil)
+	fpM := w.Release(t, ct.Motd("1.0"), nil)
+	ct.WaitFor(t, "seen", 10*time.Second, func() (bool, string) {
+		r, _ := c.View.Registration("sshd")
+		m, _ := c.View.Registration("motd")
+		return r.GetFingerprint() == fpS && m.GetFingerprint() == fpM, "not yet"
+	})
+	spec := ct.Spec("ace", "motd", "sshd")
+	c.PutNode(t, spec)
+	if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
+		t.Fatalf("first pass: %v", res.Err)
+	}
+	a1, _, err := w.Assignment(t, "ace")
+	ct.Must(t, err)
+	held := ct.Want(a1, "sshd")
+	var haves []*composerv1.Have
+	for _, wt := range a1.GetWants() {
+		haves = append(haves, &composerv1.Have{Module: wt.GetModule(), Applied: &composerv1.AppliedRef{Fingerprint: wt.GetFingerprint(), Key: wt.GetCompositionKey(), Digest: wt.GetCompositionDigest()}})
+	}
+	w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", ReportSeq: 1, HighWater: a1.GetManifestRevision(),
+		Applied: &composerv1.ManifestRef{Revision: a1.GetManifestRevision(), Digest: a1.GetManifestDigest()}, Haves: haves})
+	spec.Policies = map[string]*typev1.Policy{"sshd": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "review")}
+	for _, pm := range spec.Modules {
+		if pm.GetModule() == "sshd" {
+			pm.Params.Fields["port"] = structpb.NewNumberValue(2222)
+		}
+	}
+	c.PutNode(t, spec)
+	res := c.Pass(t, "ace")
+	a2, _, err := w.Assignment(t, "ace")
+	ct.Must(t, err)
+	var newDigest string
+	for _, h := range a2.GetHolds() {
+		if h.GetModule() == "sshd" {
+			newDigest = h.GetCompositionDigest()
+		}
+	}
+	if newDigest == "" || ct.Want(a2, "sshd").GetCompositionDigest() != held.GetCompositionDigest() {
+		t.Fatalf("setup: pass 2 err %v holds %v wants %v", res.Err, a2.GetHolds(), a2.GetWants())
+	}
+	// Motd moves in the next pass, so something is signed after sshd was deferred.
+	fpM2 := w.Release(t, ct.Motd("2.0"), nil)
+	ct.WaitFor(t, "motd 2", 10*time.Second, func() (bool, string) {
+		m, _ := c.View.Registration("motd")
+		return m.GetFingerprint() == fpM2, "not yet"
+	})
+	pass.SetHooks(c.Passer, pass.Hooks{BeforeSign: func(keys []string) {
+		_, err := c.Operator(t).Approve(context.Background(), &composerv1.ApproveRequest{Module: "sshd", Digests: []string{newDigest}})
+		ct.Must(t, err)
+		ct.WaitFor(t, "approval seen", 10*time.Second, func() (bool, string) {
+			return len(c.Reconciler.Approvals()) > 0, "no"
+		})
+	}})
+	res = c.Pass(t, "ace")
+	pass.SetHooks(c.Passer, pass.Hooks{})
+	a3, _, err := w.Assignment(t, "ace")
+	ct.Must(t, err)
+	want := ct.Want(a3, "sshd")
+	e, err := w.KV(t, natsx.BucketCompositions).Get(context.Background(), want.GetCompositionKey())
+	ct.Must(t, err)
+	heldNow := digestOf(t, e.Value)
+	t.Logf("pass 3 committed=%v err=%v; sshd want %s; key holds %s (old %s new %s)", res.Committed, res.Err, want.GetCompositionDigest(), heldNow, held.GetCompositionDigest(), newDigest)
+	if heldNow != want.GetCompositionDigest() {
+		t.Fatalf("the assignment wants %s at %s but the compositions bucket holds %s", want.GetCompositionKey(), want.GetCompositionDigest(), heldNow)
+	}
+	if want.GetCompositionDigest() != held.GetCompositionDigest() {
+		t.Fatalf("the pass moved sshd on an approval it did not begin with: wants %s", want.GetCompositionDigest())
+	}
+	res = c.Pass(t, "ace")
+	a4, _, err := w.Assignment(t, "ace")
+	ct.Must(t, err)
+	want = ct.Want(a4, "sshd")
+	e, err = w.KV(t, natsx.BucketCompositions).Get(context.Background(), want.GetCompositionKey())
+	ct.Must(t, err)
+	if res.Err != nil || want.GetCompositionDigest() != newDigest || digestOf(t, e.Value) != newDigest {
+		t.Fatalf("the pass after the approval: err %v, sshd wants %s, the key holds %s; want %s", res.Err, want.GetCompositionDigest(), digestOf(t, e.Value), newDigest)
+	}
+}
+
+func dirModule(name string) *typev1.ModuleManifest {
+	return &typev1.ModuleManifest{Module: name, Version: "1", Upgrade: ct.Auto, Resources: []*typev1.ResourceTemplate{
+		{Name: "f", Type: ct.File, Path: "/srv/{{ .Params.dir }}/f", Mode: 0o644, Content: ct.Text(name + "\n")},
+	}}
+}
+
+// A move at the same key (a change of params) that the assigner reverts,
+// because a path it declares is still declared by a held composition, is
+// not written: the module keeps wanting the composition its key holds,
+// and says why it waits.
+func TestRevertedSameKeyMoveKeepsTheWantedComposition(t *testing.T) {
+	w := ct.New(t)
+	c := w.StartManual(t, "one")
+	fpA := w.Release(t, dirModule("alpha"), nil)
+	fpB := w.Release(t, dirModule("beta"), nil)
+	ct.WaitFor(t, "seen", 10*time.Second, func() (bool, string) {
+		a, _ := c.View.Registration("alpha")
+		b, _ := c.View.Registration("beta")
+		return a.GetFingerprint() == fpA && b.GetFingerprint() == fpB, "not yet"
+	})
+	spec := ct.Spec("ace", "alpha", "beta")
+	setDir := func(m, d string) {
+		for _, pm := range spec.Modules {
+			if pm.GetModule() == m {
+				pm.Params.Fields["dir"] = structpb.NewStringValue(d)
+			}
+		}
+	}
+	setDir("alpha", "z")
+	setDir("beta", "p")
+	c.PutNode(t, spec)
+	if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
+		t.Fatalf("first pass: %v", res.Err)
+	}
+	a1, _, err := w.Assignment(t, "ace")
+	ct.Must(t, err)
+	var haves []*composerv1.Have
+	for _, wt := range a1.GetWants() {
+		haves = append(haves, &composerv1.Have{Module: wt.GetModule(), Applied: &composerv1.AppliedRef{Fingerprint: wt.GetFingerprint(), Key: wt.GetCompositionKey(), Digest: wt.GetCompositionDigest()}})
+	}
+	w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", ReportSeq: 1, HighWater: a1.GetManifestRevision(),
+		Applied: &composerv1.ManifestRef{Revision: a1.GetManifestRevision(), Digest: a1.GetManifestDigest()}, Haves: haves})
+	spec.Policies = map[string]*typev1.Policy{"beta": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "review")}
+	setDir("alpha", "p")
+	setDir("beta", "q")
+	c.PutNode(t, spec)
+	res := c.Pass(t, "ace")
+	a2, _, err := w.Assignment(t, "ace")
+	ct.Must(t, err)
+	t.Logf("pass 2: committed %v err %v\nwants %v\nholds %v", res.Committed, res.Err, a2.GetWants(), a2.GetHolds())
+	before, now := ct.Want(a1, "alpha"), ct.Want(a2, "alpha")
+	if before == nil || now == nil {
+		t.Fatalf("alpha, wanted before (%v), is no longer wanted: its held composition was overwritten by a move the assigner then reverted", before)
+	}
+	e, err := w.KV(t, natsx.BucketCompositions).Get(context.Background(), now.GetCompositionKey())
+	ct.Must(t, err)
+	if now.GetCompositionDigest() != before.GetCompositionDigest() || digestOf(t, e.Value) != before.GetCompositionDigest() {
+		t.Fatalf("alpha wants %s, the key holds %s; want both %s", now.GetCompositionDigest(), digestOf(t, e.Value), before.GetCompositionDigest())
+	}
+	var why string
+	for _, h := range a2.GetHolds() {
+		if h.GetModule() == "alpha" {
+			why = h.GetReason()
+		}
+	}
+	if !strings.Contains(why, "path /srv/p/f is still declared by ace.beta.") {
+		t.Fatalf("alpha's hold says %q; want the path still declared by beta", why)
+	}
+}
