@@ -113,8 +113,10 @@ const statusCacheBytes = 32 << 20
 // the node's next status is compared with it and written by CAS at its
 // revision without reading the key first: only the lease holder writes
 // statuses, and a CAS that fails (another hand wrote meanwhile) reads the
-// key as before. A new tenure, the node deleted, or a bucket found gone back
-// to an older state, and the key is read again.
+// key as before. A status equal to the kept one is not skipped on its
+// word: the key is read, so a status lost or written by another hand is
+// put right by the next pass. A new tenure, the node deleted, or a bucket
+// found gone back to an older state, and the key is read again.
 type writtenStatuses struct {
 	mu    sync.Mutex
 	cache *lru.Cache[writtenStatus]
@@ -188,6 +190,7 @@ func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Ass
 	for attempt := range statusAttempts {
 		prev, prevRev, kept := p.statuses.get(node, epoch)
 		if !kept || attempt > 0 {
+			kept = false
 			var perr error
 			prev, prevRev, perr = p.cfg.Store.NodeStatus(ctx, node)
 			if perr != nil && !errors.Is(perr, store.ErrNotFound) {
@@ -205,6 +208,14 @@ func (p *Passer) putStatus(ctx context.Context, node string, asg *composerv1.Ass
 		at := p.cfg.Now()
 		next := BuildStatus(node, asg, haves, lastErr(prev), prev, seen, at)
 		if sameStatus(prev, next) {
+			if kept {
+				// Nothing would be written on the kept status alone: the
+				// key is read, since it may have been lost, or written by
+				// another hand, since this composer wrote it. (A write
+				// needs no such read: its CAS at the kept revision fails
+				// on any change.)
+				continue
+			}
 			return nil
 		}
 		next.UpdatedAt = timestamppb.New(at)
