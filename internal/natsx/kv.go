@@ -405,11 +405,19 @@ func (k *KV) publish(ctx context.Context, key string, value []byte, expect *uint
 // writes that asks the server nothing (LastSequence asks it for everyone's).
 func (k *KV) Acked() uint64 { return k.acked.Load() }
 
-// Unsure counts the writes through this handle that got no answer from the
-// stream (a timeout, a connection lost): each may have been stored without
-// Acked knowing its revision, so a barrier on Acked taken while the count
+// Unsure counts what makes this handle unsure of what the stream holds: the
+// writes through it that got no answer (a timeout, a connection lost), each
+// of which may have been stored without Acked knowing its revision, and the
+// connection's reconnects (the server may have come back from an older
+// state: a restore, a snapshot). A barrier on Acked taken while the count
 // moved must ask the stream instead.
-func (k *KV) Unsure() uint64 { return k.unsure.Load() }
+func (k *KV) Unsure() uint64 {
+	n := k.unsure.Load()
+	if nc := k.js.Conn(); nc != nil {
+		n += nc.Stats().Reconnects
+	}
+	return n
+}
 
 // Create writes the key's first value and returns its revision. A key whose
 // last revision is a delete or purge marker counts as absent, as in nats.go.

@@ -334,3 +334,63 @@ func TestMirrorBarrierInATenure(t *testing.T) {
 		t.Errorf("tenure %d kept over a reset", m.tenure)
 	}
 }
+
+// TestMirrorTenureEndsAtAReconnect: a server that comes back may hold less
+// than it acknowledged (restored from an older snapshot), and the watch
+// notices only later. The first barrier of the tenure after the
+// connection came back asks the stream (which finds that out), not the
+// handle's acknowledgements.
+func TestMirrorTenureEndsAtAReconnect(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	e := testutil.StartJetStream(t)
+	nc, js := testutil.ConnectJetStream(t, e)
+	ctx := context.Background()
+	kv, err := natsx.EnsureKV(ctx, js, natsx.KVSpec{Bucket: "reconnect", History: 1}, natsx.WithTracerProvider(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMirror("test", recordSummary)
+	m.wait = 10 * time.Second
+	following(t, m, kv)
+	asked := func() int {
+		n := 0
+		for _, s := range exp.GetSpans() {
+			if s.Name == "kv.last_sequence reconnect" {
+				n++
+			}
+		}
+		return n
+	}
+	waitFor(t, "the mirror ready", 10*time.Second, func() (bool, string) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.ready, "not ready"
+	})
+	if _, err := kv.Put(ctx, "a", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	if !m.current(ctx, kv, 7) || !m.current(ctx, kv, 7) || asked() != 1 {
+		t.Fatalf("two barriers of tenure 7: %d stream-info requests, want 1", asked())
+	}
+	unsure := kv.Unsure()
+	testutil.RestartJetStream(t, e)
+	waitFor(t, "the connection back", 30*time.Second, func() (bool, string) {
+		return nc.Stats().Reconnects > 0 && nc.IsConnected(), "not yet"
+	})
+	if kv.Unsure() <= unsure {
+		t.Errorf("Unsure %d after a reconnect, %d before; want it moved", kv.Unsure(), unsure)
+	}
+	waitFor(t, "a barrier after the reconnect", 30*time.Second, func() (bool, string) {
+		return m.current(ctx, kv, 7), "not current"
+	})
+	if asked() < 2 {
+		t.Errorf("barrier of tenure 7 after a reconnect asked the stream %d times in all; want it asked again", asked())
+	}
+	n := asked()
+	if !m.current(ctx, kv, 7) || asked() != n {
+		t.Errorf("the barrier after: %d stream-info requests, want still %d", asked(), n)
+	}
+}

@@ -265,7 +265,9 @@ func (m *mirror) follow(ctx context.Context, kv *natsx.KV) error {
 // (advisory) is put right by the node's next pass, and a CAS at a revision
 // the mirror had fails on it and is read again. The stream is asked again
 // after a write of kv got no answer (kv.Unsure: it may have been stored
-// without a revision known), after a wait that timed out, and after the
+// without a revision known) and after the connection came back (also
+// kv.Unsure: the server may have come back from an older state, which the
+// watch notices only later), after a wait that timed out, and after the
 // watch started over; and the tenure is not taken while the stream holds
 // less than kv was acknowledged (it went back to an older state).
 func (m *mirror) current(ctx context.Context, kv *natsx.KV, tenure uint64) bool {
