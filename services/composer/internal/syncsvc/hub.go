@@ -184,7 +184,7 @@ func (h *Hub) setHealthy(ok bool) {
 }
 
 func (h *Hub) watchAssignments(ctx context.Context) error {
-	w, err := h.store.Assignments.Watch(ctx, ">")
+	w, err := h.store.Assignments.Watch(ctx, ">", natsx.ResyncMarker())
 	if err != nil {
 		return err
 	}
@@ -195,6 +195,15 @@ func (h *Hub) watchAssignments(ctx context.Context) error {
 			h.caughtUp = true
 			h.mu.Unlock()
 			h.setHealthy(true)
+			continue
+		}
+		if e.Resync {
+			// The stream went back to an older state: the revisions seen
+			// were handed out again, so the watch's lag is judged from
+			// what it delivers from now on, up to its next nil marker.
+			h.mu.Lock()
+			h.seenRev, h.caughtUp = 0, false
+			h.mu.Unlock()
 			continue
 		}
 		h.mu.Lock()
