@@ -1,8 +1,9 @@
 // Package apply puts compositions on disk (DESIGN.md §7 "Apply"): one
 // os.Root per allowed prefix, each resource through the longest prefix that
 // contains it; refusals for paths that escape, leave the prefixes or pass
-// through an absolute symlink, for special files and for existing paths the
-// engine does not manage; files written through a temp file, fsync, rename
+// through a symlink (at Prepare, and again when each op opens its
+// directory), for special files and for existing paths the engine does not
+// manage; files written through a temp file, fsync, rename
 // and directory fsync; mode and owner set on a descriptor opened with
 // O_NOFOLLOW; a ledger of every path the engine put there; and an intent
 // journal written before disk is touched, so a crash mid-apply is finished on
@@ -211,7 +212,7 @@ type stageItem struct {
 
 type adoptItem struct {
 	module string
-	root   *os.Root
+	prefix *prefix
 	rel    string
 	digest string
 }
@@ -450,7 +451,8 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 	pr, rel, _ := a.locate(r.GetPath())
 
 	// The directories between the prefix and the path: none may be a
-	// symlink that leaves the prefix or is absolute; missing ones are made.
+	// symlink (the words say whether it is absolute or leaves the prefix);
+	// missing ones are made.
 	var missing []string
 	for _, anc := range ancestors(rel) {
 		ap := abs(pr, anc)
@@ -485,6 +487,11 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 				p.refuse(module, fail(codePathEscape, "%s: %s passes through the symlink %s -> %s, which leaves %s", r.GetId(), r.GetPath(), ap, dk.target, pr.path))
 				return
 			}
+			// One that stays in the prefix is refused too: os.Root would
+			// follow it, and the path would name another path than the
+			// one the ledger keys it by (conf.d -> ../sudoers.d).
+			p.refuse(module, throughSymlink(r.GetId(), r.GetPath(), ap, dk.target))
+			return
 		case dk.typ != state.TypeDir:
 			p.refuse(module, fail(codeWrite, "%s: %s lies on the way and is not a directory", r.GetId(), ap))
 			return
@@ -514,8 +521,7 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 
 	// An adopted path is hashed whatever type is declared: its prior
 	// content is kept by digest to be restored later.
-	in, name := p.roots.at(pr, rel)
-	dk, err := look(in, name, rec.Type == state.TypeFile || adoption[r.GetPath()])
+	dk, err := p.roots.look(pr, rel, rec.Type == state.TypeFile || adoption[r.GetPath()])
 	if err != nil {
 		p.refuse(module, a.lookFailure(r.GetId(), r.GetPath(), err))
 		return
@@ -544,7 +550,7 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 		prior := &state.Prior{Type: dk.typ, Target: dk.target, Mode: dk.mode, UID: dk.uid, GID: dk.gid}
 		if dk.typ == state.TypeFile {
 			prior.Digest = dk.digest
-			p.adopt = append(p.adopt, adoptItem{module: module, root: pr.root, rel: rel, digest: dk.digest})
+			p.adopt = append(p.adopt, adoptItem{module: module, prefix: pr, rel: rel, digest: dk.digest})
 		}
 		rec.Adopted = prior
 	default:
@@ -564,7 +570,16 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 	p.refuse(module, fail(codeWrite, "%s: %v", r.GetId(), err))
 }
 
+// throughSymlink is the refusal of a path that passes through a symlink.
+func throughSymlink(id, p, link, target string) *Failure {
+	return fail(codeThroughSymlink, "%s: %s passes through the symlink %s -> %s: a path through a symlink would name another path", id, p, link, target)
+}
+
 func (a *Applier) lookFailure(id, p string, err error) *Failure {
+	var se *symlinkError
+	if errors.As(err, &se) {
+		return throughSymlink(id, p, se.path, se.target)
+	}
 	if strings.Contains(err.Error(), "escapes") {
 		return fail(codePathEscape, "%s: %s escapes its prefix: %v", id, p, err)
 	}
@@ -761,8 +776,14 @@ func (a *Applier) prepareRemovals(p *Prepared, plan Plan, want map[string]*desir
 		case !old.Created:
 			op.Kind = state.OpForget
 		default:
-			dk, err := look(pr.root, rel, false)
+			dk, err := p.roots.look(pr, rel, false)
+			var se *symlinkError
 			switch {
+			case errors.As(err, &se):
+				// The path now names another path: what is there is not
+				// what the engine made. Leave it, forget it.
+				op.Kind = state.OpForget
+				p.note(old.Module, fmt.Sprintf("%s now passes through the symlink %s -> %s; left in place", path, se.path, se.target))
 			case err != nil || !dk.exists:
 				op.Kind = state.OpForget
 			case dk.typ != old.Type:

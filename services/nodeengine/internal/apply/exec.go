@@ -92,8 +92,10 @@ func (a *Applier) Stage(ctx context.Context, p *Prepared, src Source) map[string
 			failed[it.module] = f
 		}
 	}
+	roots := newDirRoots()
+	defer roots.reset()
 	for _, it := range p.adopt {
-		if err := a.keepPrior(it); err != nil {
+		if err := a.keepPrior(it, roots); err != nil {
 			if _, ok := failed[it.module]; !ok {
 				failed[it.module] = fail(codeWrite, "keep the prior content of adopted %s: %v", it.rel, err)
 			}
@@ -161,12 +163,16 @@ func cutRef(ref string) (kind, name string, ok bool) {
 }
 
 // keepPrior copies an adopted file's current content to adopted/<digest>.
-func (a *Applier) keepPrior(it adoptItem) error {
+func (a *Applier) keepPrior(it adoptItem, roots *dirRoots) error {
 	dst := a.adoptedPath(it.digest)
 	if _, err := os.Stat(dst); err == nil {
 		return nil
 	}
-	f, err := it.root.OpenFile(it.rel, openFlags, 0)
+	in, name, err := roots.at(it.prefix, it.rel)
+	if err != nil {
+		return err
+	}
+	f, err := in.OpenFile(name, openFlags, 0)
 	if err != nil {
 		return err
 	}
@@ -274,7 +280,7 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 		}
 		if err != nil {
 			if _, ok := res.Failed[m]; !ok {
-				res.Failed[m] = fail(codeWrite, "%s: %v", op.Path, err)
+				res.Failed[m] = opFailure(op.Path, err)
 			}
 			a.log.Error("apply op failed", slog.String("op", op.Kind), slog.String("path", op.Path), slog.String("module", m), slog.Any("error", err))
 			continue
@@ -290,8 +296,15 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 	// recorded applied before it is durable. A module whose directory does
 	// not sync is not recorded applied; the next pass tries it again.
 	for _, k := range syncs.order {
-		err := syncDir(k.prefix.root, k.dir)
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		// Reached as the ops reached it, never through a symlink: a
+		// directory a write opened is still open here, whatever was
+		// renamed since.
+		r, err := roots.dir(k.prefix, k.dir)
+		if err == nil {
+			err = syncDir(r)
+		}
+		var se *symlinkError
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || errors.As(err, &se) {
 			// A later op removed or replaced it: that op changed its
 			// parent, which is synced.
 			continue
@@ -364,12 +377,20 @@ func (a *Applier) SweepTemps(j *state.Journal) {
 	for _, op := range j.Ops {
 		dirs[path.Dir(op.Path)] = true
 	}
+	roots := newDirRoots()
+	defer roots.reset()
 	for d := range dirs {
 		pr, rel, ok := a.locate(d)
 		if !ok {
 			continue
 		}
-		f, err := pr.root.Open(rel)
+		// Never through a symlink: a temp name in the directory it points
+		// at is not one the engine left.
+		dir, err := roots.dir(pr, rel)
+		if err != nil {
+			continue
+		}
+		f, err := dir.Open(".")
 		if err != nil {
 			continue
 		}
@@ -383,19 +404,18 @@ func (a *Applier) SweepTemps(j *state.Journal) {
 			if !strings.HasPrefix(name, TempPrefix) {
 				continue
 			}
-			p := path.Join(rel, name)
-			fi, err := pr.root.Lstat(p)
+			fi, err := dir.Lstat(name)
 			if err != nil || !(fi.Mode().IsRegular() || fi.Mode()&fs.ModeSymlink != 0) {
 				continue
 			}
-			if err := pr.root.Remove(p); err != nil {
-				a.log.Warn("a temp file a stop left could not be removed", slog.String("path", abs(pr, p)), slog.Any("error", err))
+			if err := dir.Remove(name); err != nil {
+				a.log.Warn("a temp file a stop left could not be removed", slog.String("path", path.Join(d, name)), slog.Any("error", err))
 				continue
 			}
 			removed = true
 		}
 		if removed {
-			if err := syncDir(pr.root, rel); err != nil {
+			if err := syncDir(dir); err != nil {
 				a.log.Warn("sync a directory after removing temp files", slog.String("path", d), slog.Any("error", err))
 			}
 		}
@@ -420,25 +440,33 @@ func randHex() string {
 	return hex.EncodeToString(b[:])
 }
 
-// errLeft is an op that found something it did not make on its path.
-var errLeft = errors.New("not what the engine made")
-
 // runOp runs one op and returns the ledger record it leaves (nil: none).
-// A write works through the directory roots; any other op may remove, make
-// or replace a directory, so it resets them first and works through the
-// prefix's root. (A write that finds an empty directory on its path removes
-// it: a directory root of it could only have been opened by an earlier
-// write into it, undone since by a removal op, which reset them.)
+// Every op works on a single name in its path's directory, opened through
+// the directory roots, so no op follows a symlink on the way (see
+// dirRoots). A write only writes files; any other op may remove, make or
+// replace a directory, so it resets the directory roots first. (A write
+// that finds an empty directory on its path removes it: a directory root
+// of it could only have been opened by an earlier write into it, undone
+// since by a removal op, which reset them.)
 func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dirKey)) (*state.LedgerRecord, error) {
 	pr, rel, ok := a.locate(op.Path)
 	if !ok {
 		return op.Prev, fmt.Errorf("%s is outside the allowed prefixes", op.Path)
 	}
+	if op.Kind == state.OpForget {
+		return op.Record, nil
+	}
 	if op.Kind != state.OpWrite {
 		roots.reset()
 	}
-	root := pr.root
-	dirChanged := func(dir string) { changed(dirKey{prefix: pr, dir: dir}) }
+	root, name, err := roots.at(pr, rel)
+	if err != nil {
+		if op.Kind == state.OpRemove && errors.Is(err, fs.ErrNotExist) {
+			return nil, nil // gone with its directory
+		}
+		return op.Prev, err
+	}
+	dirChanged := func() { changed(dirKey{prefix: pr, dir: path.Dir(rel)}) }
 	owner := func(r *state.LedgerRecord) (int, int, error) {
 		uid, err := ids.user(r.Owner)
 		if err != nil {
@@ -448,8 +476,6 @@ func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dir
 		return uid, gid, err
 	}
 	switch op.Kind {
-	case state.OpForget:
-		return op.Record, nil
 	case state.OpWrite, state.OpMkdir, state.OpSymlink, state.OpMeta:
 		uid, gid, err := owner(op.Record)
 		if err != nil {
@@ -462,21 +488,20 @@ func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dir
 			if op.InJournal {
 				src = writeSource{inline: op.Inline, inJournal: true}
 			}
-			in, name := roots.at(pr, rel)
-			err = a.writeFile(in, name, src, op.Stage, modeOf(r), uid, gid, func(string) { dirChanged(path.Dir(rel)) })
+			err = a.writeFile(root, name, src, op.Stage, modeOf(r), uid, gid, dirChanged)
 		case state.OpMkdir:
-			err = a.mkdir(root, rel, modeOf(r), uid, gid, dirChanged)
+			err = a.mkdir(root, name, modeOf(r), uid, gid, dirChanged)
 		case state.OpSymlink:
-			err = a.symlink(root, rel, r.Digest, uid, gid, dirChanged)
+			err = a.symlink(root, name, r.Digest, uid, gid, dirChanged)
 		case state.OpMeta:
-			err = a.meta(root, rel, r.Type, modeOf(r), uid, gid)
+			err = a.meta(root, name, r.Type, modeOf(r), uid, gid)
 		}
 		if err != nil {
 			return nil, err
 		}
 		return r, nil
 	case state.OpRemove:
-		dk, err := look(root, rel, false)
+		dk, err := look(root, name, false)
 		if err != nil {
 			return op.Prev, err
 		}
@@ -487,7 +512,7 @@ func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dir
 			a.log.Warn("path changed type since the engine made it; left in place", slog.String("path", op.Path))
 			return nil, nil
 		}
-		if err := root.Remove(rel); err != nil {
+		if err := root.Remove(name); err != nil {
 			if dk.typ == state.TypeDir && errors.Is(err, syscall.ENOTEMPTY) {
 				// Someone put something in it: the directory stays, still
 				// the engine's, and goes when empty.
@@ -497,20 +522,20 @@ func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dir
 			}
 			return op.Prev, err
 		}
-		dirChanged(path.Dir(rel))
+		dirChanged()
 		return nil, nil
 	case state.OpRestore:
 		prior := op.Prev.Adopted
 		var err error
 		switch prior.Type {
 		case state.TypeFile:
-			err = a.writeFile(root, rel, writeSource{path: a.adoptedPath(prior.Digest)}, prior.Digest, prior.Mode, prior.UID, prior.GID, dirChanged)
+			err = a.writeFile(root, name, writeSource{path: a.adoptedPath(prior.Digest)}, prior.Digest, prior.Mode, prior.UID, prior.GID, dirChanged)
 		case state.TypeSymlink:
-			err = a.symlink(root, rel, prior.Target, prior.UID, prior.GID, dirChanged)
+			err = a.symlink(root, name, prior.Target, prior.UID, prior.GID, dirChanged)
 		case state.TypeDir:
 			// The directory comes back whatever the resource made of its
 			// path (a file or symlink declared over it is removed first).
-			err = a.mkdir(root, rel, prior.Mode, prior.UID, prior.GID, dirChanged)
+			err = a.mkdir(root, name, prior.Mode, prior.UID, prior.GID, dirChanged)
 		}
 		if err != nil {
 			return op.Prev, err
@@ -518,6 +543,19 @@ func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dir
 		return nil, nil
 	}
 	return op.Prev, fmt.Errorf("unknown op %q", op.Kind)
+}
+
+// opFailure is why an op failed, as its module's failure.
+func opFailure(p string, err error) *Failure {
+	var f *Failure
+	if errors.As(err, &f) {
+		return f
+	}
+	var se *symlinkError
+	if errors.As(err, &se) {
+		return fail(codeThroughSymlink, "%s passes through the symlink %s -> %s: a path through a symlink would name another path", p, se.path, se.target)
+	}
+	return fail(codeWrite, "%s: %v", p, err)
 }
 
 // fdMeta sets owner and mode on an open descriptor, never on a path, so a
@@ -567,25 +605,25 @@ func (w writeSource) open() (io.ReadCloser, error) {
 }
 
 // writeFile puts content in place through a temp file beside the path
-// (fsynced, then renamed over it); dirChanged is told the directory, which
-// the apply fsyncs before it commits.
-func (a *Applier) writeFile(root *os.Root, rel string, src writeSource, digest string, mode uint32, uid, gid int, dirChanged func(string)) error {
+// (fsynced, then renamed over it); dirChanged is told when the directory
+// changed, which the apply fsyncs before it commits. name is a single name
+// in root (runOp).
+func (a *Applier) writeFile(root *os.Root, name string, src writeSource, digest string, mode uint32, uid, gid int, dirChanged func()) error {
 	// Not hashed again: Prepare found other content there, and a replay
 	// writing content that is already in place writes the same bytes.
-	dk, err := look(root, rel, false)
+	dk, err := look(root, name, false)
 	if err != nil {
 		return err
 	}
 	if dk.special != "" {
-		return fmt.Errorf("%s is a %s", rel, dk.special)
+		return fmt.Errorf("%s is a %s", name, dk.special)
 	}
 	in, err := src.open()
 	if err != nil {
 		return fmt.Errorf("%s: %w", digest, err)
 	}
 	defer in.Close()
-	dir := path.Dir(rel)
-	tmp := path.Join(dir, TempPrefix+randHex())
+	tmp := TempPrefix + randHex()
 	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
@@ -614,49 +652,52 @@ func (a *Applier) writeFile(root *os.Root, rel string, src writeSource, digest s
 		return err
 	}
 	if dk.typ == state.TypeDir {
-		if err := root.Remove(rel); err != nil {
+		if err := root.Remove(name); err != nil {
 			return err
 		}
 	}
-	if err := root.Rename(tmp, rel); err != nil {
+	if err := root.Rename(tmp, name); err != nil {
 		return err
 	}
 	ok = true
-	dirChanged(dir)
+	dirChanged()
 	return nil
 }
 
-func (a *Applier) mkdir(root *os.Root, rel string, mode uint32, uid, gid int, dirChanged func(string)) error {
-	dk, err := look(root, rel, false)
+// mkdir makes the directory name in root (or finds it) and sets its mode
+// and owner.
+func (a *Applier) mkdir(root *os.Root, name string, mode uint32, uid, gid int, dirChanged func()) error {
+	dk, err := look(root, name, false)
 	if err != nil {
 		return err
 	}
 	if dk.special != "" {
-		return fmt.Errorf("%s is a %s", rel, dk.special)
+		return fmt.Errorf("%s is a %s", name, dk.special)
 	}
 	if dk.exists && dk.typ != state.TypeDir {
-		if err := root.Remove(rel); err != nil {
+		if err := root.Remove(name); err != nil {
 			return err
 		}
 		dk.exists = false
 	}
 	if !dk.exists {
-		if err := root.Mkdir(rel, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return err
 		}
-		dirChanged(path.Dir(rel))
+		dirChanged()
 	}
-	return a.meta(root, rel, state.TypeDir, mode, uid, gid)
+	return a.meta(root, name, state.TypeDir, mode, uid, gid)
 }
 
-func (a *Applier) meta(root *os.Root, rel, typ string, mode uint32, uid, gid int) error {
+// meta sets the mode and owner of name in root.
+func (a *Applier) meta(root *os.Root, name, typ string, mode uint32, uid, gid int) error {
 	if typ == state.TypeSymlink {
 		if (uid >= 0 || gid >= 0) && a.canOwn(uid, gid) {
-			return root.Lchown(rel, uid, gid)
+			return root.Lchown(name, uid, gid)
 		}
 		return nil
 	}
-	f, err := root.OpenFile(rel, openFlags, 0)
+	f, err := root.OpenFile(name, openFlags, 0)
 	if err != nil {
 		return err
 	}
@@ -666,24 +707,25 @@ func (a *Applier) meta(root *os.Root, rel, typ string, mode uint32, uid, gid int
 		return err
 	}
 	if t, special := typeOf(fi.Mode()); special != "" || t != typ {
-		return fmt.Errorf("%s is a %s%s, not a %s", rel, t, special, typ)
+		return fmt.Errorf("%s is a %s%s, not a %s", name, t, special, typ)
 	}
 	return a.fdMeta(f, mode, true, uid, gid)
 }
 
-func (a *Applier) symlink(root *os.Root, rel, target string, uid, gid int, dirChanged func(string)) error {
-	dk, err := look(root, rel, false)
+// symlink puts the symlink name -> target in root through a temp symlink
+// renamed over it.
+func (a *Applier) symlink(root *os.Root, name, target string, uid, gid int, dirChanged func()) error {
+	dk, err := look(root, name, false)
 	if err != nil {
 		return err
 	}
 	if dk.special != "" {
-		return fmt.Errorf("%s is a %s", rel, dk.special)
+		return fmt.Errorf("%s is a %s", name, dk.special)
 	}
 	if dk.typ == state.TypeSymlink && dk.target == target {
-		return a.meta(root, rel, state.TypeSymlink, 0, uid, gid)
+		return a.meta(root, name, state.TypeSymlink, 0, uid, gid)
 	}
-	dir := path.Dir(rel)
-	tmp := path.Join(dir, TempPrefix+randHex())
+	tmp := TempPrefix + randHex()
 	if err := root.Symlink(target, tmp); err != nil {
 		return err
 	}
@@ -692,16 +734,16 @@ func (a *Applier) symlink(root *os.Root, rel, target string, uid, gid int, dirCh
 		return err
 	}
 	if dk.typ == state.TypeDir {
-		if err := root.Remove(rel); err != nil {
+		if err := root.Remove(name); err != nil {
 			root.Remove(tmp)
 			return err
 		}
 	}
-	if err := root.Rename(tmp, rel); err != nil {
+	if err := root.Rename(tmp, name); err != nil {
 		root.Remove(tmp)
 		return err
 	}
-	dirChanged(dir)
+	dirChanged()
 	return nil
 }
 
@@ -734,8 +776,9 @@ func (s *dirSyncs) add(k dirKey, module string) {
 	s.modules[k] = append(ms, module)
 }
 
-func syncDir(root *os.Root, dir string) error {
-	f, err := root.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+// syncDir fsyncs the directory root is.
+func syncDir(root *os.Root) error {
+	f, err := root.OpenFile(".", os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
