@@ -68,3 +68,34 @@ func TestAdoptingAPathOfAnotherType(t *testing.T) {
 		})
 	}
 }
+
+// TestAdoptedPriorKeptWhileARecordHoldsIt: the prior content of an
+// adopted file is kept by digest and removed after its restore. It was
+// removed after every restore op, done or failed, and whoever else held
+// it: a restore that failed (its record kept, to be tried again) and
+// another adopted path of the same content lost their prior for good.
+func TestAdoptedPriorKeptWhileARecordHoldsIt(t *testing.T) {
+	a, root := testApplier(t)
+	for _, n := range []string{"a", "b"} {
+		writeFile(t, filepath.Join(root, "srv", n), "the same default\n")
+	}
+	prior := a.adoptedPath(names.Digest([]byte("the same default\n")))
+	both := []*typev1.Resource{fileRes("node:a", "/srv/a", "ours\n"), fileRes("node:b", "/srv/b", "ours\n")}
+	ledger, _ := applyPlan(t, a, map[string]*state.LedgerRecord{}, true, nodeComposition(both, "/srv/a", "/srv/b"))
+	// a leaves: restored; b still holds the prior.
+	ledger, _ = applyPlan(t, a, ledger, true, nodeComposition(both[1:]))
+	if got := readFile(t, filepath.Join(root, "srv", "a")); got != "the same default\n" {
+		t.Fatalf("/srv/a restored as %q", got)
+	}
+	if _, err := os.Stat(prior); err != nil {
+		t.Fatalf("the prior /srv/b still holds is gone after /srv/a's restore: %v", err)
+	}
+	// b leaves too: restored, and the prior goes.
+	applyPlan(t, a, ledger, true, nodeComposition(nil))
+	if got := readFile(t, filepath.Join(root, "srv", "b")); got != "the same default\n" {
+		t.Errorf("/srv/b restored as %q", got)
+	}
+	if _, err := os.Stat(prior); !os.IsNotExist(err) {
+		t.Errorf("the prior is kept after its last restore: %v", err)
+	}
+}

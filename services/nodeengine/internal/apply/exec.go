@@ -353,12 +353,26 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 		res.CommitErr = err
 		return res
 	}
+	// A prior is kept by digest: it goes only when no record still holds
+	// it (a restore that failed keeps its record; another adopted path
+	// may have had the same content).
+	var held map[string]bool
 	for _, op := range j.Ops {
 		if op.Kind == state.OpWrite && !op.InJournal {
 			os.Remove(a.stagePath(op.Stage))
 		}
 		if op.Kind == state.OpRestore && op.Stage != "" {
-			os.Remove(a.adoptedPath(op.Stage))
+			if held == nil {
+				held = map[string]bool{}
+				for _, r := range res.Ledger {
+					if r.Adopted != nil && r.Adopted.Type == state.TypeFile {
+						held[r.Adopted.Digest] = true
+					}
+				}
+			}
+			if !held[op.Stage] {
+				os.Remove(a.adoptedPath(op.Stage))
+			}
 		}
 	}
 	return res

@@ -163,6 +163,12 @@ func TestOpsNeverGoThroughASymlink(t *testing.T) {
 			if res.Ledger[tt.path] != ledger[tt.path] {
 				t.Errorf("the ledger record of %s changed: %+v", tt.path, res.Ledger[tt.path])
 			}
+			if rec := ledger[tt.path]; rec != nil && rec.Adopted != nil {
+				// The restore is tried again: its prior is kept.
+				if _, err := os.Stat(a.adoptedPath(rec.Adopted.Digest)); err != nil {
+					t.Errorf("the prior content of %s is gone: %v", tt.path, err)
+				}
+			}
 		})
 	}
 }
