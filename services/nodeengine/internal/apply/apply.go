@@ -19,6 +19,7 @@ package apply
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path"
@@ -116,7 +117,8 @@ type Applier struct {
 }
 
 // New opens one os.Root per prefix, creating a missing prefix directory
-// (0755), and the state dir's stage/ and adopted/.
+// (0755), and the state dir's stage/ and adopted/. A prefix whose path below
+// cfg.Root passes through a symlink is refused.
 func New(cfg Config) (*Applier, error) {
 	if cfg.Root == "" {
 		return nil, errors.New("apply: no root")
@@ -146,20 +148,52 @@ func New(cfg Config) (*Applier, error) {
 			continue
 		}
 		seen[p] = true
-		dir := filepath.Join(cfg.Root, filepath.FromSlash(p))
-		if err := os.MkdirAll(dir, DefaultDirMode); err != nil {
-			a.Close()
-			return nil, fmt.Errorf("apply: prefix %s: %w", p, err)
-		}
-		r, err := os.OpenRoot(dir)
+		r, err := openPrefix(cfg.Root, p)
 		if err != nil {
 			a.Close()
+			var se *symlinkError
+			if errors.As(err, &se) {
+				return nil, fmt.Errorf("apply: prefix %s passes through the symlink %s -> %s: the engine's writes would land where it points", p, se.path, se.target)
+			}
 			return nil, fmt.Errorf("apply: prefix %s: %w", p, err)
 		}
 		a.prefixes = append(a.prefixes, prefix{path: p, root: r})
 	}
 	sort.Slice(a.prefixes, func(i, j int) bool { return len(a.prefixes[i].path) > len(a.prefixes[j].path) })
 	return a, nil
+}
+
+// openPrefix opens the prefix p below root one component at a time,
+// making a missing one (0755), and refuses a component that is a symlink
+// (openDir): a prefix reached through one would put every write of the
+// engine wherever it points. root itself is taken as given.
+func openPrefix(root, p string) (*os.Root, error) {
+	if err := os.MkdirAll(root, DefaultDirMode); err != nil {
+		return nil, err
+	}
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return nil, err
+	}
+	host := root
+	for _, name := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
+		if name == "" {
+			break // p is "/"
+		}
+		host = filepath.Join(host, name)
+		// mkdirat follows no symlink: one lying there is found below.
+		if err := r.Mkdir(name, DefaultDirMode); err != nil && !errors.Is(err, fs.ErrExist) {
+			r.Close()
+			return nil, err
+		}
+		sub, err := openDir(r, name, host)
+		r.Close()
+		if err != nil {
+			return nil, err
+		}
+		r = sub
+	}
+	return r, nil
 }
 
 // Close closes the roots.
