@@ -533,6 +533,10 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 	}
 	for _, anc := range missing {
 		ap := abs(pr, anc)
+		if f := notOursToReplace(r.GetId(), plan.Ledger[ap], state.TypeDir); f != nil {
+			p.refuse(module, f)
+			return
+		}
 		made[ap] = true
 		var arec *state.LedgerRecord
 		if w, ok := want[ap]; ok && w.rec.Type != state.TypeDir {
@@ -565,6 +569,10 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 		return
 	}
 	old := plan.Ledger[r.GetPath()]
+	if f := notOursToReplace(r.GetId(), old, rec.Type); f != nil {
+		p.refuse(module, f)
+		return
+	}
 	switch {
 	case old != nil:
 		rec.Created, rec.Adopted = old.Created, old.Adopted
@@ -602,6 +610,20 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 		}
 	}
 	p.refuse(module, fail(codeWrite, "%s: %v", r.GetId(), err))
+}
+
+// notOursToReplace refuses to make a path of the ledger that the engine
+// neither created nor adopted (a filled file: the provisioner's) a path of
+// another type: making it a directory or a symlink removes what is there,
+// and nothing of it is kept to be put back.
+func notOursToReplace(id string, old *state.LedgerRecord, typ string) *Failure {
+	if old == nil || old.Created || old.Adopted != nil || old.Type == typ {
+		return nil
+	}
+	if old.Filled {
+		return fail(codeUnmanaged, "%s: %s is the provisioner's (filled) file, not the engine's to replace with a %s", id, old.Path, typ)
+	}
+	return fail(codeUnmanaged, "%s: %s is a %s the engine neither made nor adopted, not its to replace with a %s", id, old.Path, old.Type, typ)
 }
 
 // throughSymlink is the refusal of a path that passes through a symlink.

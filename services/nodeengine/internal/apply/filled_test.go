@@ -1,0 +1,67 @@
+package apply
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"mesh.dev/internal/names"
+	typev1 "mesh.dev/proto/mesh/type/v1"
+	"mesh.dev/services/nodeengine/internal/state"
+)
+
+// filledComposition is the node's own composition with filled paths.
+func filledComposition(res []*typev1.Resource, filled []string, adoption ...string) *Composition {
+	c := nodeComposition(res, adoption...)
+	c.Comp.Filled = filled
+	return c
+}
+
+// TestFilledFileNotReplacedByAnotherType: a filled file is the
+// provisioner's (its ledger record: not created, not adopted); a later
+// version declaring its path a directory or a symlink, or a path under it
+// (which makes it a directory), once removed it and kept nothing to put
+// back. Prepare refuses the type change.
+func TestFilledFileNotReplacedByAnotherType(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		// present: the provisioner has written the file.
+		present bool
+		second  []*typev1.Resource
+		words   string
+	}{
+		{"declared a directory", true, []*typev1.Resource{dirRes("node:secret", "/srv/secret", 0o755)},
+			"node:secret: /srv/secret is the provisioner's (filled) file, not the engine's to replace with a dir"},
+		{"declared a symlink", true, []*typev1.Resource{linkRes("node:secret", "/srv/secret", "other")},
+			"node:secret: /srv/secret is the provisioner's (filled) file, not the engine's to replace with a symlink"},
+		{"a parent of a declared path, not yet written", false, []*typev1.Resource{fileRes("node:x", "/srv/secret/x", "x\n")},
+			"node:x: /srv/secret is the provisioner's (filled) file, not the engine's to replace with a dir"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a, root := testApplier(t)
+			secret := filepath.Join(root, "srv", "secret")
+			if tt.present {
+				writeFile(t, secret, "provisioned\n")
+			}
+			r := &typev1.Resource{Id: "node:secret", Type: typev1.ResourceType_RESOURCE_TYPE_FILE, Path: "/srv/secret", Mode: 0o600}
+			ledger, _ := applyPlan(t, a, map[string]*state.LedgerRecord{}, true, filledComposition([]*typev1.Resource{r}, []string{"/srv/secret"}))
+			if rec := ledger["/srv/secret"]; rec == nil || !rec.Filled || rec.Created {
+				t.Fatalf("the filled file's record: %+v", rec)
+			}
+			before := tree(t, root)
+			prep := a.Prepare(Plan{Compositions: []*Composition{nodeComposition(tt.second)}, Ledger: ledger, Removals: true})
+			if len(prep.Failures) == 0 {
+				// Not refused: show what the apply does (to a file the
+				// provisioner writes meanwhile, when it had not yet).
+				if !tt.present {
+					writeFile(t, secret, "provisioned late\n")
+					before = tree(t, root)
+				}
+				a.Stage(context.Background(), prep, noFetch{})
+				a.Execute(context.Background(), prep, ledger, memStore{}, Meta{})
+			}
+			sameTree(t, "the apply", before, tree(t, root))
+			wantFailure(t, "prepare", prep.Failures[names.NodeModule], codeUnmanaged, tt.words)
+		})
+	}
+}
