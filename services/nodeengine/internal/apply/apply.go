@@ -574,27 +574,32 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 		return
 	}
 	switch {
+	case old != nil && old.Filled && !rec.Filled && !old.Created && old.Adopted == nil:
+		// The provisioner's file, now declared with content: the engine
+		// takes it over only as it takes over any path it did not make,
+		// by adoption, keeping what is there to put back.
+		rec.Data = rec.Data || old.Data
+		switch {
+		case !adoption[r.GetPath()]:
+			p.refuse(module, fail(codeUnmanaged, "%s: %s is filled by the provisioner, not the engine's to write: declaring its content needs adoption", r.GetId(), r.GetPath()))
+			return
+		case !dk.exists:
+			rec.Created = true
+		default:
+			rec.Adopted = p.adoptPrior(module, pr, rel, dk)
+		}
 	case old != nil:
 		rec.Created, rec.Adopted = old.Created, old.Adopted
 		// A data path stays one: a relabel to a composition that lists no
 		// data path (a module's resource moving to the node's own) or a
 		// version that dropped it must not make the file removable.
 		rec.Data = rec.Data || old.Data
-		if old.Filled && !rec.Filled && !old.Created && old.Adopted == nil {
-			// The provisioner's file becomes the engine's to write.
-			rec.Created = true
-		}
 	case !dk.exists:
 		rec.Created = !rec.Filled
 	case rec.Filled:
 		rec.Created = false
 	case adoption[r.GetPath()]:
-		prior := &state.Prior{Type: dk.typ, Target: dk.target, Mode: dk.mode, UID: dk.uid, GID: dk.gid}
-		if dk.typ == state.TypeFile {
-			prior.Digest = dk.digest
-			p.adopt = append(p.adopt, adoptItem{module: module, prefix: pr, rel: rel, digest: dk.digest})
-		}
-		rec.Adopted = prior
+		rec.Adopted = p.adoptPrior(module, pr, rel, dk)
 	default:
 		p.refuse(module, fail(codeUnmanaged, "%s: %s exists and is not managed by this engine (not in its ledger, not adopted)", r.GetId(), r.GetPath()))
 		return
@@ -610,6 +615,17 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 		}
 	}
 	p.refuse(module, fail(codeWrite, "%s: %v", r.GetId(), err))
+}
+
+// adoptPrior is what lies on an adopted path, to be put back when the
+// resource leaves; a file's content is kept by digest (Stage copies it).
+func (p *Prepared) adoptPrior(module string, pr *prefix, rel string, dk disk) *state.Prior {
+	prior := &state.Prior{Type: dk.typ, Target: dk.target, Mode: dk.mode, UID: dk.uid, GID: dk.gid}
+	if dk.typ == state.TypeFile {
+		prior.Digest = dk.digest
+		p.adopt = append(p.adopt, adoptItem{module: module, prefix: pr, rel: rel, digest: dk.digest})
+	}
+	return prior
 }
 
 // notOursToReplace refuses to make a path of the ledger that the engine

@@ -65,3 +65,56 @@ func TestFilledFileNotReplacedByAnotherType(t *testing.T) {
 		})
 	}
 }
+
+// TestFilledFileTakenOverOnlyByAdoption: a filled file declared with
+// content by a later version once became the engine's (created): it was
+// overwritten with no copy kept and deleted when the resource left. It is
+// now taken over as any path the engine did not make: by adoption, its
+// prior content kept and put back; without adoption it is refused.
+func TestFilledFileTakenOverOnlyByAdoption(t *testing.T) {
+	filled := &typev1.Resource{Id: "node:passwd", Type: typev1.ResourceType_RESOURCE_TYPE_FILE, Path: "/srv/passwd", Mode: 0o644}
+	hostile := fileRes("node:passwd", "/srv/passwd", "hostile\n")
+	const words = "node:passwd: /srv/passwd is filled by the provisioner, not the engine's to write: declaring its content needs adoption"
+	for _, present := range []bool{true, false} {
+		name := map[bool]string{true: "refused", false: "refused before the provisioner wrote it"}[present]
+		t.Run(name, func(t *testing.T) {
+			a, root := testApplier(t)
+			if present {
+				writeFile(t, filepath.Join(root, "srv", "passwd"), "pre-existing\n")
+			}
+			ledger, _ := applyPlan(t, a, map[string]*state.LedgerRecord{}, true, filledComposition([]*typev1.Resource{filled}, []string{"/srv/passwd"}))
+			before := tree(t, root)
+			prep := a.Prepare(Plan{Compositions: []*Composition{nodeComposition([]*typev1.Resource{hostile})}, Ledger: ledger, Removals: true})
+			if len(prep.Failures) == 0 {
+				// Not refused: show what the apply, and the resource's
+				// leaving, do.
+				a.Stage(context.Background(), prep, noFetch{})
+				res, _ := a.Execute(context.Background(), prep, ledger, memStore{}, Meta{})
+				applyPlan(t, a, res.Ledger, true, nodeComposition(nil))
+			}
+			sameTree(t, "the apply", before, tree(t, root))
+			wantFailure(t, "prepare", prep.Failures[names.NodeModule], codeUnmanaged, words)
+		})
+	}
+	t.Run("adopted", func(t *testing.T) {
+		a, root := testApplier(t)
+		p := filepath.Join(root, "srv", "passwd")
+		writeFile(t, p, "pre-existing\n")
+		ledger, _ := applyPlan(t, a, map[string]*state.LedgerRecord{}, true, filledComposition([]*typev1.Resource{filled}, []string{"/srv/passwd"}))
+		ledger, res := applyPlan(t, a, ledger, true, nodeComposition([]*typev1.Resource{hostile}, "/srv/passwd"))
+		if len(res.Failed) > 0 {
+			t.Fatalf("execute: %v", res.Failed)
+		}
+		rec := ledger["/srv/passwd"]
+		if rec == nil || rec.Created || rec.Filled || rec.Adopted == nil || rec.Adopted.Digest != names.Digest([]byte("pre-existing\n")) {
+			t.Fatalf("the adopted file's record: %+v (prior %+v)", rec, rec.Adopted)
+		}
+		if got := readFile(t, p); got != "hostile\n" {
+			t.Fatalf("/srv/passwd holds %q", got)
+		}
+		applyPlan(t, a, ledger, true, nodeComposition(nil))
+		if got := readFile(t, p); got != "pre-existing\n" {
+			t.Errorf("after the resource left /srv/passwd holds %q, want its prior content back", got)
+		}
+	})
+}
