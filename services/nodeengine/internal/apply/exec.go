@@ -454,6 +454,10 @@ func randHex() string {
 	return hex.EncodeToString(b[:])
 }
 
+// errAppeared is an op that found something on a path that was fresh when
+// the apply was planned.
+var errAppeared = errors.New("appeared since the apply was planned")
+
 // runOp runs one op and returns the ledger record it leaves (nil: none).
 // Every op works on a single name in its path's directory, opened through
 // the directory roots, so no op follows a symlink on the way (see
@@ -481,6 +485,11 @@ func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dir
 		return op.Prev, err
 	}
 	dirChanged := func() { changed(dirKey{prefix: pr, dir: path.Dir(rel)}) }
+	// Nothing lay on a fresh path when the apply was planned (not in the
+	// ledger, not adopted): what lies there now appeared since, and is
+	// not the engine's to replace — but for what the engine itself put
+	// there before a crash, which a replay finds and goes on from.
+	fresh := op.Prev == nil && op.Record != nil && op.Record.Adopted == nil
 	owner := func(r *state.LedgerRecord) (int, int, error) {
 		uid, err := ids.user(r.Owner)
 		if err != nil {
@@ -502,13 +511,16 @@ func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dir
 			if op.InJournal {
 				src = writeSource{inline: op.Inline, inJournal: true}
 			}
-			err = a.writeFile(root, name, src, op.Stage, modeOf(r), uid, gid, dirChanged)
+			err = a.writeFile(root, name, src, op.Stage, modeOf(r), uid, gid, fresh, dirChanged)
 		case state.OpMkdir:
-			err = a.mkdir(root, name, modeOf(r), uid, gid, dirChanged)
+			err = a.mkdir(root, name, modeOf(r), uid, gid, fresh, dirChanged)
 		case state.OpSymlink:
-			err = a.symlink(root, name, r.Digest, uid, gid, dirChanged)
+			err = a.symlink(root, name, r.Digest, uid, gid, fresh, dirChanged)
 		case state.OpMeta:
 			err = a.meta(root, name, r.Type, modeOf(r), uid, gid)
+		}
+		if errors.Is(err, errAppeared) {
+			return nil, fail(codeUnmanaged, "%s appeared since the apply was planned and is not managed by this engine", op.Path)
 		}
 		if err != nil {
 			return nil, err
@@ -543,13 +555,13 @@ func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dir
 		var err error
 		switch prior.Type {
 		case state.TypeFile:
-			err = a.writeFile(root, name, writeSource{path: a.adoptedPath(prior.Digest)}, prior.Digest, prior.Mode, prior.UID, prior.GID, dirChanged)
+			err = a.writeFile(root, name, writeSource{path: a.adoptedPath(prior.Digest)}, prior.Digest, prior.Mode, prior.UID, prior.GID, false, dirChanged)
 		case state.TypeSymlink:
-			err = a.symlink(root, name, prior.Target, prior.UID, prior.GID, dirChanged)
+			err = a.symlink(root, name, prior.Target, prior.UID, prior.GID, false, dirChanged)
 		case state.TypeDir:
 			// The directory comes back whatever the resource made of its
 			// path (a file or symlink declared over it is removed first).
-			err = a.mkdir(root, name, prior.Mode, prior.UID, prior.GID, dirChanged)
+			err = a.mkdir(root, name, prior.Mode, prior.UID, prior.GID, false, dirChanged)
 		}
 		if err != nil {
 			return op.Prev, err
@@ -621,13 +633,25 @@ func (w writeSource) open() (io.ReadCloser, error) {
 // writeFile puts content in place through a temp file beside the path
 // (fsynced, then renamed over it); dirChanged is told when the directory
 // changed, which the apply fsyncs before it commits. name is a single name
-// in root (runOp).
-func (a *Applier) writeFile(root *os.Root, name string, src writeSource, digest string, mode uint32, uid, gid int, dirChanged func()) error {
+// in root (runOp). On a fresh path (runOp), only a file of this very
+// content may lie already: the engine's own write, before a crash.
+func (a *Applier) writeFile(root *os.Root, name string, src writeSource, digest string, mode uint32, uid, gid int, fresh bool, dirChanged func()) error {
 	// Not hashed again: Prepare found other content there, and a replay
 	// writing content that is already in place writes the same bytes.
 	dk, err := look(root, name, false)
 	if err != nil {
 		return err
+	}
+	if fresh && dk.exists {
+		if dk.typ != state.TypeFile {
+			return errAppeared
+		}
+		if dk, err = look(root, name, true); err != nil {
+			return err
+		}
+		if dk.typ != state.TypeFile || dk.digest != digest {
+			return errAppeared
+		}
 	}
 	if dk.special != "" {
 		return fmt.Errorf("%s is a %s", name, dk.special)
@@ -679,11 +703,15 @@ func (a *Applier) writeFile(root *os.Root, name string, src writeSource, digest 
 }
 
 // mkdir makes the directory name in root (or finds it) and sets its mode
-// and owner.
-func (a *Applier) mkdir(root *os.Root, name string, mode uint32, uid, gid int, dirChanged func()) error {
+// and owner. What is not a directory is removed first, unless the path is
+// fresh (runOp).
+func (a *Applier) mkdir(root *os.Root, name string, mode uint32, uid, gid int, fresh bool, dirChanged func()) error {
 	dk, err := look(root, name, false)
 	if err != nil {
 		return err
+	}
+	if fresh && dk.exists && dk.typ != state.TypeDir {
+		return errAppeared
 	}
 	if dk.special != "" {
 		return fmt.Errorf("%s is a %s", name, dk.special)
@@ -727,17 +755,21 @@ func (a *Applier) meta(root *os.Root, name, typ string, mode uint32, uid, gid in
 }
 
 // symlink puts the symlink name -> target in root through a temp symlink
-// renamed over it.
-func (a *Applier) symlink(root *os.Root, name, target string, uid, gid int, dirChanged func()) error {
+// renamed over it. On a fresh path (runOp), only this very symlink may lie
+// already.
+func (a *Applier) symlink(root *os.Root, name, target string, uid, gid int, fresh bool, dirChanged func()) error {
 	dk, err := look(root, name, false)
 	if err != nil {
 		return err
 	}
-	if dk.special != "" {
-		return fmt.Errorf("%s is a %s", name, dk.special)
-	}
 	if dk.typ == state.TypeSymlink && dk.target == target {
 		return a.meta(root, name, state.TypeSymlink, 0, uid, gid)
+	}
+	if fresh && dk.exists {
+		return errAppeared
+	}
+	if dk.special != "" {
+		return fmt.Errorf("%s is a %s", name, dk.special)
 	}
 	tmp := TempPrefix + randHex()
 	if err := root.Symlink(target, tmp); err != nil {
