@@ -529,6 +529,11 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 		case dk.typ != state.TypeDir:
 			p.refuse(module, fail(codeWrite, "%s: %s lies on the way and is not a directory", r.GetId(), ap))
 			return
+		case declaredOther(want, ap):
+			// A directory today, declared a symlink (say): the path
+			// would pass through it once applied.
+			p.refuse(module, underDeclared(r, ap, want))
+			return
 		}
 	}
 	for _, anc := range missing {
@@ -539,10 +544,10 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 		}
 		made[ap] = true
 		var arec *state.LedgerRecord
-		if w, ok := want[ap]; ok && w.rec.Type != state.TypeDir {
-			p.refuse(module, fail(codeWrite, "%s: %s is declared as a %s by %s, yet %s lies under it", r.GetId(), ap, w.rec.Type, w.res.GetId(), r.GetPath()))
+		if declaredOther(want, ap) {
+			p.refuse(module, underDeclared(r, ap, want))
 			return
-		} else if ok {
+		} else if w, ok := want[ap]; ok {
 			arec = cloneRec(w.rec)
 			arec.Created = true
 		} else if old, ok := plan.Ledger[ap]; ok && old.Type == state.TypeDir {
@@ -615,6 +620,20 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 		}
 	}
 	p.refuse(module, fail(codeWrite, "%s: %v", r.GetId(), err))
+}
+
+// declaredOther reports whether ap, a directory on the way to a declared
+// path, is itself declared other than a directory.
+func declaredOther(want map[string]*desired, ap string) bool {
+	w, ok := want[ap]
+	return ok && w.rec.Type != state.TypeDir
+}
+
+// underDeclared is the refusal of r, which lies under ap, declared other
+// than a directory.
+func underDeclared(r *typev1.Resource, ap string, want map[string]*desired) *Failure {
+	w := want[ap]
+	return fail(codeWrite, "%s: %s is declared as a %s by %s, yet %s lies under it", r.GetId(), ap, w.rec.Type, w.res.GetId(), r.GetPath())
 }
 
 // adoptPrior is what lies on an adopted path, to be put back when the

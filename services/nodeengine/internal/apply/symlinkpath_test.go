@@ -78,6 +78,25 @@ func TestPrepareRefusesAPathThroughASymlink(t *testing.T) {
 	}
 }
 
+// TestPrepareRefusesAPathUnderADeclaredSymlink: a directory today that a
+// new version declares a symlink, with a path under it: once applied, the
+// path would pass through the symlink. Prepare refused this only when the
+// directory was missing; an existing one was replaced by the symlink (its
+// op running first) before the op under it failed.
+func TestPrepareRefusesAPathUnderADeclaredSymlink(t *testing.T) {
+	a, root := testApplier(t)
+	ledger, _ := applyPlan(t, a, map[string]*state.LedgerRecord{}, true, nodeComposition([]*typev1.Resource{dirRes("node:here", "/srv/here", 0o755)}))
+	before := tree(t, root)
+	second := []*typev1.Resource{linkRes("node:here", "/srv/here", "."), linkRes("node:l", "/srv/here/l", "../etc/shadow")}
+	prep := a.Prepare(Plan{Compositions: []*Composition{nodeComposition(second)}, Ledger: ledger, Removals: true})
+	if len(prep.Failures) == 0 {
+		a.Stage(context.Background(), prep, noFetch{})
+		a.Execute(context.Background(), prep, ledger, memStore{}, Meta{})
+	}
+	sameTree(t, "the apply", before, tree(t, root))
+	wantFailure(t, "prepare", prep.Failures[names.NodeModule], codeWrite, "node:l: /srv/here is declared as a symlink by node:here, yet /srv/here/l lies under it")
+}
+
 // TestRemovalThroughASymlinkLeavesItInPlace: a managed path whose
 // directory became a symlink is forgotten when it leaves, not removed
 // through the symlink (which removed /srv/other/x).
