@@ -2,10 +2,7 @@ package apply
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path"
@@ -80,42 +77,7 @@ func newFuzzDisk(t *testing.T) *fuzzDisk {
 // snapshot describes every entry under dir (not following symlinks),
 // leaving out the state dir.
 func (d *fuzzDisk) snapshot(t *testing.T) map[string]string {
-	out := map[string]string{}
-	err := filepath.WalkDir(d.dir, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if p == d.state {
-			return filepath.SkipDir
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		st := fi.Sys().(*syscall.Stat_t)
-		desc := fmt.Sprintf("%v %o %d:%d", fi.Mode().Type(), st.Mode&0o7777, st.Uid, st.Gid)
-		switch {
-		case fi.Mode().IsRegular():
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			sum := sha256.Sum256(b)
-			desc += " " + hex.EncodeToString(sum[:8])
-		case fi.Mode()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			desc += " -> " + target
-		}
-		out[p] = desc
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return treeSkipping(t, d.dir, d.state)
 }
 
 // managed reports whether a host path lies in a prefix dir of root, where

@@ -33,10 +33,19 @@ func linkRes(id, p, target string) *typev1.Resource {
 // mode, owner, and a file's content digest or a symlink's target.
 func tree(t *testing.T, dir string) map[string]string {
 	t.Helper()
+	return treeSkipping(t, dir, "")
+}
+
+// treeSkipping is tree leaving out the directory skip ("": none).
+func treeSkipping(t *testing.T, dir, skip string) map[string]string {
+	t.Helper()
 	out := map[string]string{}
 	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
 			return err
+		}
+		if skip != "" && p == skip {
+			return filepath.SkipDir
 		}
 		fi, err := os.Lstat(p)
 		if err != nil {
