@@ -2,6 +2,8 @@ package pass_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -168,5 +170,67 @@ func TestRevertedSameKeyMoveKeepsTheWantedComposition(t *testing.T) {
 	}
 	if !strings.Contains(why, "path /srv/p/f is still declared by ace.beta.") {
 		t.Fatalf("alpha's hold says %q; want the path still declared by beta", why)
+	}
+}
+
+// An approval revoked while a pass writes the move it approves: the pass
+// decided on the approvals it began with, but the move is not committed.
+// An Apply of a plan that counted on it is stale; a pass of its own fails
+// and the next decides without it.
+func TestApprovalRevokedMidPassIsNotCommitted(t *testing.T) {
+	for _, apply := range []bool{true, false} {
+		t.Run(fmt.Sprintf("apply=%v", apply), func(t *testing.T) {
+			w := ct.New(t)
+			c := w.StartManual(t, "one")
+			fpM := w.Release(t, ct.Motd("1.0"), nil)
+			ct.WaitFor(t, "motd 1 seen", 10*time.Second, func() (bool, string) {
+				m, _ := c.View.Registration("motd")
+				return m.GetFingerprint() == fpM, "not yet"
+			})
+			spec := ct.Spec("ace", "motd")
+			spec.Policies = map[string]*typev1.Policy{"motd": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "review")}
+			c.PutNode(t, spec)
+			if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
+				t.Fatalf("first pass: %v", res.Err)
+			}
+			fpM2 := w.Release(t, ct.Motd("2.0"), nil)
+			ct.WaitFor(t, "motd 2 seen", 10*time.Second, func() (bool, string) {
+				m, _ := c.View.Registration("motd")
+				return m.GetFingerprint() == fpM2, "not yet"
+			})
+			ctx := context.Background()
+			plan, err := c.Passer.Run(ctx, "ace", pass.Plan, nil)
+			ct.Must(t, err)
+			if len(plan.Holds) != 1 {
+				t.Fatalf("plan holds %v; want motd held", plan.Holds)
+			}
+			ap, err := c.Operator(t).Approve(ctx, &composerv1.ApproveRequest{Module: "motd", Digests: []string{plan.Holds[0].GetCompositionDigest()}})
+			ct.Must(t, err)
+			ct.WaitFor(t, "approval seen", 10*time.Second, func() (bool, string) { return len(c.Reconciler.Approvals()) == 1, "not yet" })
+			plan, err = c.Passer.Run(ctx, "ace", pass.Plan, nil)
+			ct.Must(t, err)
+			pass.SetHooks(c.Passer, pass.Hooks{BeforeSign: func([]string) {
+				_, err := c.Operator(t).RevokeApproval(ctx, &composerv1.RevokeApprovalRequest{Id: ap.GetApproval().GetId()})
+				ct.Must(t, err)
+				ct.WaitFor(t, "revocation seen", 10*time.Second, func() (bool, string) { return len(c.Reconciler.Approvals()) == 0, "not yet" })
+			}})
+			var expect *composerv1.AssignmentInputs
+			if apply {
+				expect = plan.Inputs
+			}
+			res, err := c.Passer.Run(ctx, "ace", pass.Write, expect)
+			pass.SetHooks(c.Passer, pass.Hooks{})
+			a, _, aerr := w.Assignment(t, "ace")
+			ct.Must(t, aerr)
+			if got := ct.Want(a, "motd").GetFingerprint(); got == fpM2 {
+				t.Fatalf("motd moved to %s on an approval revoked mid-pass", got)
+			}
+			switch {
+			case apply && !errors.Is(err, pass.ErrStale):
+				t.Fatalf("Apply: %v; want stale", err)
+			case !apply && (res == nil || res.Committed || res.Err == nil || !strings.Contains(res.Err.Error(), "was revoked while it wrote: not committed")):
+				t.Fatalf("pass: %v (%v); want it failed, not committed, saying the approval was revoked", res, err)
+			}
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -650,6 +651,19 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 	if mode == Plan || !res.Changes {
 		return done(st.assignment)
 	}
+	if gone := revokedSince(approvals, p.cfg.Approvals.Approvals()); len(gone) > 0 {
+		// The pass decided on the approvals it began with; one it moves
+		// a module on was revoked while it wrote. Its writes stand
+		// (derived); the move is not committed: an Apply is stale, and
+		// a reconciler's pass fails and is tried again soon, deciding on
+		// the approvals as they are then.
+		if expect != nil {
+			p.finish(ctx, st, res, nil)
+			return res, staleApprovals(node, expect.GetApprovals(), slices.DeleteFunc(slices.Clone(approvals), func(id string) bool { return slices.Contains(gone, id) }))
+		}
+		fail(fmt.Errorf("node %s: approval %s, which this pass moves on, was revoked while it wrote: not committed", node, strings.Join(gone, ", ")))
+		return done(nil)
+	}
 	asg, err := p.commit(ctx, st, wants, holds, split.Moved, res.Inputs, resign)
 	if err != nil {
 		fail(err)
@@ -680,6 +694,17 @@ func (p *Passer) stillHolds(st *nodeState) error {
 func (p *Passer) approvalsNow(ctx context.Context, st *nodeState, work []*item, jc *judging, builds map[string]*catalogBuild, fpHolds []fpHold) ([]string, bool) {
 	_, approvals, err := p.planAssign(ctx, st, work, jc, builds, fpHolds)
 	return approvals, err == nil
+}
+
+// revokedSince returns the ids of used that current no longer holds.
+func revokedSince(used []string, current []*composerv1.Approval) []string {
+	var gone []string
+	for _, id := range used {
+		if !slices.ContainsFunc(current, func(a *composerv1.Approval) bool { return a.GetId() == id }) {
+			gone = append(gone, id)
+		}
+	}
+	return gone
 }
 
 // staleApprovals is the ErrStale of an Apply whose approvals moved: an
