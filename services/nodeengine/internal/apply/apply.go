@@ -27,6 +27,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 
 	"mesh.dev/internal/names"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
@@ -118,7 +119,8 @@ type Applier struct {
 
 // New opens one os.Root per prefix, creating a missing prefix directory
 // (0755), and the state dir's stage/ and adopted/. A prefix whose path below
-// cfg.Root passes through a symlink is refused.
+// cfg.Root passes through a symlink that is not the administrator's is
+// refused (openPrefix).
 func New(cfg Config) (*Applier, error) {
 	if cfg.Root == "" {
 		return nil, errors.New("apply: no root")
@@ -153,7 +155,7 @@ func New(cfg Config) (*Applier, error) {
 			a.Close()
 			var se *symlinkError
 			if errors.As(err, &se) {
-				return nil, fmt.Errorf("apply: prefix %s passes through the symlink %s -> %s: the engine's writes would land where it points", p, se.path, se.target)
+				return nil, fmt.Errorf("apply: prefix %s passes through the symlink %s -> %s, which is not the administrator's (it or its directory owned by another user, or that directory writable by others): the engine's writes would land where it points", p, se.path, se.target)
 			}
 			return nil, fmt.Errorf("apply: prefix %s: %w", p, err)
 		}
@@ -163,37 +165,88 @@ func New(cfg Config) (*Applier, error) {
 	return a, nil
 }
 
+// maxPrefixLinks bounds the symlinks followed on the way to one prefix
+// (as the kernel's ELOOP does).
+const maxPrefixLinks = 40
+
 // openPrefix opens the prefix p below root one component at a time,
-// making a missing one (0755), and refuses a component that is a symlink
-// (openDir): a prefix reached through one would put every write of the
-// engine wherever it points. root itself is taken as given.
+// making a missing one (0755). A component that is a symlink is followed
+// only when the machine's administrator made it: the symlink and the
+// directory holding it owned by root or the engine's own user, and that
+// directory writable by no one else (trustedLink) — an OS layout such as
+// /opt -> var/opt. Any other is refused (openDir's symlinkError): a user
+// able to put one there would put every write of the engine wherever it
+// points. A target is resolved inside root (an absolute one from root), so
+// a prefix never leaves it. root itself is taken as given.
 func openPrefix(root, p string) (*os.Root, error) {
 	if err := os.MkdirAll(root, DefaultDirMode); err != nil {
 		return nil, err
 	}
-	r, err := os.OpenRoot(root)
-	if err != nil {
-		return nil, err
-	}
-	host := root
-	for _, name := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
-		if name == "" {
-			break // p is "/"
-		}
-		host = filepath.Join(host, name)
-		// mkdirat follows no symlink: one lying there is found below.
-		if err := r.Mkdir(name, DefaultDirMode); err != nil && !errors.Is(err, fs.ErrExist) {
-			r.Close()
-			return nil, err
-		}
-		sub, err := openDir(r, name, host)
-		r.Close()
+	euid := os.Geteuid()
+	rest := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	links := 0
+walk:
+	for {
+		r, err := os.OpenRoot(root)
 		if err != nil {
 			return nil, err
 		}
-		r = sub
+		at := "/" // r's path below root
+		for i, name := range rest {
+			if name == "" {
+				continue // p is "/"
+			}
+			host := filepath.Join(root, filepath.FromSlash(path.Join(at, name)))
+			// mkdirat follows no symlink: one lying there is found below.
+			if err := r.Mkdir(name, DefaultDirMode); err != nil && !errors.Is(err, fs.ErrExist) {
+				r.Close()
+				return nil, err
+			}
+			sub, err := openDir(r, name, host)
+			var se *symlinkError
+			if errors.As(err, &se) && links < maxPrefixLinks && trustedLink(r, name, euid) {
+				// Start again from root on the path it points at.
+				r.Close()
+				links++
+				next := se.target
+				if !strings.HasPrefix(next, "/") {
+					next = path.Join(at, next)
+				}
+				rest = append(strings.Split(strings.TrimPrefix(path.Clean("/"+next), "/"), "/"), rest[i+1:]...)
+				continue walk
+			}
+			r.Close()
+			if err != nil {
+				return nil, err
+			}
+			r, at = sub, path.Join(at, name)
+		}
+		return r, nil
 	}
-	return r, nil
+}
+
+// trustedLink reports whether the symlink name in dir was made by the
+// machine's administrator: it and dir owned by root or by uid, and dir
+// writable by its owner alone.
+func trustedLink(dir *os.Root, name string, uid int) bool {
+	owner := func(fi fs.FileInfo) (int, bool) {
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return 0, false
+		}
+		return int(st.Uid), true
+	}
+	link, err := dir.Lstat(name)
+	if err != nil {
+		return false
+	}
+	parent, err := dir.Stat(".")
+	if err != nil {
+		return false
+	}
+	lu, ok1 := owner(link)
+	pu, ok2 := owner(parent)
+	return ok1 && ok2 && (lu == 0 || lu == uid) && (pu == 0 || pu == uid) && parent.Mode().Perm()&0o022 == 0
 }
 
 // Close closes the roots.

@@ -8,51 +8,110 @@ import (
 	"testing"
 )
 
-// TestNewRefusesAPrefixThroughASymlink: New once made and opened a prefix
-// with os.MkdirAll and os.OpenRoot, both following symlinks, so a prefix
-// whose path below the root passes through one put every write of the
-// engine wherever it points. It is refused, naming the prefix and the
-// symlink, and nothing is made where it points.
-func TestNewRefusesAPrefixThroughASymlink(t *testing.T) {
+// prefixLink makes root (0755) and in it the directory real-etc and the
+// symlink link -> target (OUTSIDE in target: dir/outside, a directory
+// outside root).
+func prefixLink(t *testing.T, link, target string) (dir, root, resolved string) {
+	t.Helper()
+	dir = t.TempDir()
+	root = filepath.Join(dir, "root")
+	outside := filepath.Join(dir, "outside")
+	for _, d := range []string{outside, filepath.Join(root, "real-etc")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	resolved = strings.Replace(target, "OUTSIDE", outside, 1)
+	if err := os.Symlink(resolved, filepath.Join(root, link)); err != nil {
+		t.Fatal(err)
+	}
+	return dir, root, resolved
+}
+
+// TestNewRefusesAPrefixThroughAnotherUsersSymlink: New once made and
+// opened a prefix with os.MkdirAll and os.OpenRoot, both following
+// symlinks, so a prefix whose path below the root passes through one put
+// every write of the engine wherever it points. A symlink that is not the
+// administrator's — in a directory others can write, or owned by another
+// user — is refused, naming the prefix and the symlink, and nothing is made
+// where it points.
+func TestNewRefusesAPrefixThroughAnotherUsersSymlink(t *testing.T) {
+	for _, untrusted := range []string{"directory writable by others", "symlink of another user"} {
+		for _, tt := range []struct {
+			name, prefix, link, target string
+		}{
+			{"the prefix itself, absolute", "/srv", "srv", "OUTSIDE"},
+			{"the prefix itself, relative", "/srv", "srv", "../outside"},
+			{"a directory above it", "/etc/app", "etc", "OUTSIDE"},
+			{"a directory above it, inside the root", "/etc/app", "etc", "real-etc"},
+		} {
+			t.Run(untrusted+"/"+tt.name, func(t *testing.T) {
+				dir, root, target := prefixLink(t, tt.link, tt.target)
+				if untrusted == "directory writable by others" {
+					if err := os.Chmod(root, 0o777); err != nil {
+						t.Fatal(err)
+					}
+				} else if err := os.Lchown(filepath.Join(root, tt.link), 4242, 4242); err != nil {
+					t.Skipf("give the symlink to another user: %v", err)
+				}
+				outside := filepath.Join(dir, "outside")
+				before, beforeOutside := tree(t, root), tree(t, outside)
+				a, err := New(Config{Root: root, Prefixes: []string{"/var/lib/x", tt.prefix}, StateDir: filepath.Join(dir, "state"), Logger: slog.New(slog.DiscardHandler)})
+				want := "apply: prefix " + tt.prefix + " passes through the symlink " + filepath.Join(root, tt.link) + " -> " + target +
+					", which is not the administrator's (it or its directory owned by another user, or that directory writable by others): the engine's writes would land where it points"
+				if err == nil {
+					a.Close()
+					t.Fatalf("New opened prefix %s through the symlink %s -> %s", tt.prefix, tt.link, target)
+				} else if err.Error() != want {
+					t.Errorf("New: %q, want %q", err, want)
+				}
+				after := tree(t, root)
+				// The prefix before it in the list is made: nothing else.
+				for p := range after {
+					if strings.HasPrefix(p, filepath.Join(root, "var")) {
+						delete(after, p)
+					}
+				}
+				sameTree(t, "New", before, after)
+				sameTree(t, "New", beforeOutside, tree(t, outside))
+			})
+		}
+	}
+}
+
+// TestNewFollowsTheAdministratorsSymlinkInsideTheRoot: an OS layout puts
+// symlinks on the way to the usual prefixes (/opt -> var/opt on image-based
+// systems). One the administrator made (it and its directory root's or the
+// engine's, the directory writable by its owner alone) is followed, its
+// target resolved inside the root (an absolute one from the root, one
+// climbing out stops at it): the prefix is the directory it points at there.
+func TestNewFollowsTheAdministratorsSymlinkInsideTheRoot(t *testing.T) {
 	for _, tt := range []struct {
-		name, prefix, link, target string
+		name, prefix, link, target, lands string
 	}{
-		{"the prefix itself, absolute", "/srv", "srv", "OUTSIDE"},
-		{"the prefix itself, relative", "/srv", "srv", "../outside"},
-		{"a directory above it", "/etc/app", "etc", "OUTSIDE"},
-		{"a directory above it, inside the root", "/etc/app", "etc", "real-etc"},
+		{"relative", "/etc/app", "etc", "real-etc", "real-etc/app"},
+		{"absolute, from the root", "/opt/x", "opt", "/var/opt", "var/opt/x"},
+		{"climbing out, stopped at the root", "/srv", "srv", "../../outside", "outside"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			dir := t.TempDir()
-			root, outside := filepath.Join(dir, "root"), filepath.Join(dir, "outside")
-			for _, d := range []string{outside, filepath.Join(root, "real-etc")} {
-				if err := os.MkdirAll(d, 0o755); err != nil {
-					t.Fatal(err)
-				}
+			dir, root, _ := prefixLink(t, tt.link, tt.target)
+			a, err := New(Config{Root: root, Prefixes: []string{tt.prefix}, StateDir: filepath.Join(dir, "state"), Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatalf("New: %v", err)
 			}
-			target := strings.Replace(tt.target, "OUTSIDE", outside, 1)
-			if err := os.Symlink(target, filepath.Join(root, tt.link)); err != nil {
+			defer a.Close()
+			if err := a.prefixes[0].root.WriteFile("f", []byte("x"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			before := tree(t, root)
-			beforeOutside := tree(t, outside)
-			a, err := New(Config{Root: root, Prefixes: []string{"/var/lib/x", tt.prefix}, StateDir: filepath.Join(dir, "state"), Logger: slog.New(slog.DiscardHandler)})
-			want := "apply: prefix " + tt.prefix + " passes through the symlink " + filepath.Join(root, tt.link) + " -> " + target + ": the engine's writes would land where it points"
-			if err == nil {
-				a.Close()
-				t.Errorf("New opened prefix %s through the symlink %s -> %s", tt.prefix, tt.link, target)
-			} else if err.Error() != want {
-				t.Errorf("New: %q, want %q", err, want)
+			if b, err := os.ReadFile(filepath.Join(root, tt.lands, "f")); err != nil || string(b) != "x" {
+				t.Errorf("a write in prefix %s: %q, %v at %s; want it there", tt.prefix, b, err, tt.lands)
 			}
-			after := tree(t, root)
-			// The prefix before it in the list is made: nothing else.
-			for p := range after {
-				if strings.HasPrefix(p, filepath.Join(root, "var")) {
-					delete(after, p)
-				}
+			if _, err := os.Stat(filepath.Join(dir, "outside", "f")); err == nil {
+				t.Errorf("a write in prefix %s landed outside the root", tt.prefix)
 			}
-			sameTree(t, "New", before, after)
-			sameTree(t, "New", beforeOutside, tree(t, outside))
 		})
 	}
 }
