@@ -39,12 +39,9 @@ func TestApprovalMidPassIsDecidedOnce(t *testing.T) {
 	a1, _, err := w.Assignment(t, "ace")
 	ct.Must(t, err)
 	held := ct.Want(a1, "sshd")
-	var haves []*composerv1.Have
-	for _, wt := range a1.GetWants() {
-		haves = append(haves, &composerv1.Have{Module: wt.GetModule(), Applied: &composerv1.AppliedRef{Fingerprint: wt.GetFingerprint(), Key: wt.GetCompositionKey(), Digest: wt.GetCompositionDigest()}})
-	}
-	w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", ReportSeq: 1, HighWater: a1.GetManifestRevision(),
-		Applied: &composerv1.ManifestRef{Revision: a1.GetManifestRevision(), Digest: a1.GetManifestDigest()}, Haves: haves})
+	reported := appliedAll(a1, 1)
+	reported.HighWater = a1.GetManifestRevision()
+	w.Put(t, natsx.BucketHaves, "ace", reported)
 	spec.Policies = map[string]*typev1.Policy{"sshd": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "review")}
 	for _, pm := range spec.Modules {
 		if pm.GetModule() == "sshd" {
@@ -139,12 +136,9 @@ func TestRevertedSameKeyMoveKeepsTheWantedComposition(t *testing.T) {
 	}
 	a1, _, err := w.Assignment(t, "ace")
 	ct.Must(t, err)
-	var haves []*composerv1.Have
-	for _, wt := range a1.GetWants() {
-		haves = append(haves, &composerv1.Have{Module: wt.GetModule(), Applied: &composerv1.AppliedRef{Fingerprint: wt.GetFingerprint(), Key: wt.GetCompositionKey(), Digest: wt.GetCompositionDigest()}})
-	}
-	w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", ReportSeq: 1, HighWater: a1.GetManifestRevision(),
-		Applied: &composerv1.ManifestRef{Revision: a1.GetManifestRevision(), Digest: a1.GetManifestDigest()}, Haves: haves})
+	reported := appliedAll(a1, 1)
+	reported.HighWater = a1.GetManifestRevision()
+	w.Put(t, natsx.BucketHaves, "ace", reported)
 	spec.Policies = map[string]*typev1.Policy{"beta": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "review")}
 	setDir("alpha", "p")
 	setDir("beta", "q")

@@ -231,32 +231,12 @@ func TestMirrorListsANodesKeys(t *testing.T) {
 // another handle.
 func TestMirrorBarrierInATenure(t *testing.T) {
 	t.Parallel()
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	_, js := testutil.ConnectJetStream(t, testutil.StartJetStream(t))
 	ctx := context.Background()
-	kv, err := natsx.EnsureKV(ctx, js, natsx.KVSpec{Bucket: "tenure", History: 1}, natsx.WithTracerProvider(tp))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, kv, asked := countedMirror(t, js, "tenure")
 	other, err := natsx.OpenKV(ctx, js, "tenure")
 	if err != nil {
 		t.Fatal(err)
-	}
-	m := newMirror("test", recordSummary)
-	// Each barrier below must see the watch deliver; a slow machine must
-	// not make it time out.
-	m.wait = 10 * time.Second
-	following(t, m, kv)
-	asked := func() int {
-		n := 0
-		for _, s := range exp.GetSpans() {
-			if s.Name == "kv.last_sequence tenure" {
-				n++
-			}
-		}
-		return n
 	}
 	sum := func(v string) string { s, _ := recordSummary([]byte(v)); return s }
 	holds := func(key, value string) bool {
@@ -342,28 +322,10 @@ func TestMirrorBarrierInATenure(t *testing.T) {
 // handle's acknowledgements.
 func TestMirrorTenureEndsAtAReconnect(t *testing.T) {
 	t.Parallel()
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	e := testutil.StartJetStream(t)
 	nc, js := testutil.ConnectJetStream(t, e)
 	ctx := context.Background()
-	kv, err := natsx.EnsureKV(ctx, js, natsx.KVSpec{Bucket: "reconnect", History: 1}, natsx.WithTracerProvider(tp))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := newMirror("test", recordSummary)
-	m.wait = 10 * time.Second
-	following(t, m, kv)
-	asked := func() int {
-		n := 0
-		for _, s := range exp.GetSpans() {
-			if s.Name == "kv.last_sequence reconnect" {
-				n++
-			}
-		}
-		return n
-	}
+	m, kv, asked := countedMirror(t, js, "reconnect")
 	waitFor(t, "the mirror ready", 10*time.Second, func() (bool, string) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -393,4 +355,31 @@ func TestMirrorTenureEndsAtAReconnect(t *testing.T) {
 	if !m.current(ctx, kv, 7) || asked() != n {
 		t.Errorf("the barrier after: %d stream-info requests, want still %d", asked(), n)
 	}
+}
+
+// countedMirror makes bucket and a mirror following it, and counts the
+// stream-info requests (LastSequence) its barriers make. Each barrier must
+// see the watch deliver: a slow machine must not make it time out.
+func countedMirror(t *testing.T, js jetstream.JetStream, bucket string) (*mirror, *natsx.KV, func() int) {
+	t.Helper()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	kv, err := natsx.EnsureKV(context.Background(), js, natsx.KVSpec{Bucket: bucket, History: 1}, natsx.WithTracerProvider(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMirror("test", recordSummary)
+	m.wait = 10 * time.Second
+	following(t, m, kv)
+	asked := func() int {
+		n := 0
+		for _, s := range exp.GetSpans() {
+			if s.Name == "kv.last_sequence "+bucket {
+				n++
+			}
+		}
+		return n
+	}
+	return m, kv, asked
 }
