@@ -9,17 +9,13 @@ package badinput
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -36,6 +32,8 @@ import (
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 	"mesh.dev/tests/internal/rig"
+
+	"mesh.dev/internal/testutil"
 )
 
 // seed makes the generated cases the same in every run; a failure names
@@ -220,33 +218,8 @@ func signerState(stateDir string) func(t *testing.T) string {
 func treeState(dir string) func(t *testing.T) string {
 	return func(t *testing.T) string {
 		var lines []string
-		err := filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			fi, err := os.Lstat(p)
-			if err != nil {
-				return err
-			}
-			st := fi.Sys().(*syscall.Stat_t)
-			line := fmt.Sprintf("%s %v %o %d:%d", strings.TrimPrefix(p, dir), fi.Mode().Type(), st.Mode&0o7777, st.Uid, st.Gid)
-			switch {
-			case fi.Mode().IsRegular():
-				b, err := os.ReadFile(p)
-				if err != nil {
-					return err
-				}
-				sum := sha256.Sum256(b)
-				line += " " + hex.EncodeToString(sum[:8])
-			case fi.Mode()&fs.ModeSymlink != 0:
-				target, _ := os.Readlink(p)
-				line += " -> " + target
-			}
-			lines = append(lines, line)
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
+		for p, desc := range testutil.Tree(t, dir, "") {
+			lines = append(lines, strings.TrimPrefix(p, dir)+" "+desc)
 		}
 		sort.Strings(lines)
 		return strings.Join(lines, "; ")

@@ -2,18 +2,15 @@ package apply
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
+
+	"mesh.dev/internal/testutil"
 )
 
 func fileRes(id, p, content string) *typev1.Resource {
@@ -39,42 +36,7 @@ func tree(t *testing.T, dir string) map[string]string {
 // treeSkipping is tree leaving out the directory skip ("": none).
 func treeSkipping(t *testing.T, dir, skip string) map[string]string {
 	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if skip != "" && p == skip {
-			return filepath.SkipDir
-		}
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		st := fi.Sys().(*syscall.Stat_t)
-		desc := fmt.Sprintf("%v %o %d:%d", fi.Mode().Type(), st.Mode&0o7777, st.Uid, st.Gid)
-		switch {
-		case fi.Mode().IsRegular():
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			sum := sha256.Sum256(b)
-			desc += " " + hex.EncodeToString(sum[:8])
-		case fi.Mode()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			desc += " -> " + target
-		}
-		out[p] = desc
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testutil.Tree(t, dir, skip)
 }
 
 // sameTree fails when two trees differ, naming each difference.
