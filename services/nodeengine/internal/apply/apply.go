@@ -102,6 +102,9 @@ type Config struct {
 type prefix struct {
 	path string
 	root *os.Root
+	// real is the prefix's path below the engine's root as it lies on
+	// disk (the administrator's symlinks on the way followed).
+	real string
 }
 
 // Applier applies compositions under its prefixes.
@@ -150,7 +153,7 @@ func New(cfg Config) (*Applier, error) {
 			continue
 		}
 		seen[p] = true
-		r, err := openPrefix(cfg.Root, p)
+		r, real, err := openPrefix(cfg.Root, p)
 		if err != nil {
 			a.Close()
 			var se *symlinkError
@@ -159,7 +162,17 @@ func New(cfg Config) (*Applier, error) {
 			}
 			return nil, fmt.Errorf("apply: prefix %s: %w", p, err)
 		}
-		a.prefixes = append(a.prefixes, prefix{path: p, root: r})
+		for _, o := range a.prefixes {
+			// Two prefixes that are one directory, or one inside the other,
+			// on disk but not as declared would key one file under two
+			// paths in the ledger.
+			if (names.Within(real, o.real) || names.Within(o.real, real)) && !names.Within(p, o.path) && !names.Within(o.path, p) {
+				r.Close()
+				a.Close()
+				return nil, fmt.Errorf("apply: prefix %s is %s on this machine and prefix %s is %s: one directory under two prefixes would be managed under two paths; allow one of them", p, real, o.path, o.real)
+			}
+		}
+		a.prefixes = append(a.prefixes, prefix{path: p, root: r, real: real})
 	}
 	sort.Slice(a.prefixes, func(i, j int) bool { return len(a.prefixes[i].path) > len(a.prefixes[j].path) })
 	return a, nil
@@ -169,59 +182,76 @@ func New(cfg Config) (*Applier, error) {
 // (as the kernel's ELOOP does).
 const maxPrefixLinks = 40
 
+// errPrefixLoop is a prefix whose way goes through more than
+// maxPrefixLinks symlinks.
+var errPrefixLoop = fmt.Errorf("more than %d symlinks on the way (a loop?)", maxPrefixLinks)
+
 // openPrefix opens the prefix p below root one component at a time,
-// making a missing one (0755). A component that is a symlink is followed
-// only when the machine's administrator made it: the symlink and the
-// directory holding it owned by root or the engine's own user, and that
+// making a missing one (0755), and returns it with its path below root as
+// it lies on disk (no symlink in it). A component that is a symlink is
+// followed only when the machine's administrator made it: the symlink and
+// the directory holding it owned by root or the engine's own user, and that
 // directory writable by no one else (trustedLink) — an OS layout such as
 // /opt -> var/opt. Any other is refused (openDir's symlinkError): a user
 // able to put one there would put every write of the engine wherever it
-// points. A target is resolved inside root (an absolute one from root), so
-// a prefix never leaves it. root itself is taken as given.
-func openPrefix(root, p string) (*os.Root, error) {
+// points. A target is resolved inside root (an absolute one from root; a
+// ".." goes to the parent of the directory reached, as the kernel's does,
+// and stops at root), so a prefix never leaves it. root itself is taken as
+// given.
+func openPrefix(root, p string) (*os.Root, string, error) {
 	if err := os.MkdirAll(root, DefaultDirMode); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	euid := os.Geteuid()
-	rest := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	split := func(q string) []string { return strings.Split(strings.Trim(q, "/"), "/") }
+	rest := split(p)
 	links := 0
 walk:
 	for {
 		r, err := os.OpenRoot(root)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
-		at := "/" // r's path below root
+		at := "/" // r's path below root, every component a directory
 		for i, name := range rest {
-			if name == "" {
-				continue // p is "/"
+			switch name {
+			case "", ".":
+				continue
+			case "..":
+				// The parent of the directory reached: walked again
+				// from root.
+				r.Close()
+				rest = append(split(path.Dir(at)), rest[i+1:]...)
+				continue walk
 			}
 			host := filepath.Join(root, filepath.FromSlash(path.Join(at, name)))
 			// mkdirat follows no symlink: one lying there is found below.
 			if err := r.Mkdir(name, DefaultDirMode); err != nil && !errors.Is(err, fs.ErrExist) {
 				r.Close()
-				return nil, err
+				return nil, "", err
 			}
 			sub, err := openDir(r, name, host)
 			var se *symlinkError
-			if errors.As(err, &se) && links < maxPrefixLinks && trustedLink(r, name, euid) {
-				// Start again from root on the path it points at.
+			if errors.As(err, &se) && trustedLink(r, name, euid) {
 				r.Close()
-				links++
-				next := se.target
-				if !strings.HasPrefix(next, "/") {
-					next = path.Join(at, next)
+				if links++; links > maxPrefixLinks {
+					return nil, "", fmt.Errorf("%s: %w", host, errPrefixLoop)
 				}
-				rest = append(strings.Split(strings.TrimPrefix(path.Clean("/"+next), "/"), "/"), rest[i+1:]...)
+				// Start again from root on the path it points at.
+				next := split(se.target)
+				if !strings.HasPrefix(se.target, "/") {
+					next = append(split(at), next...)
+				}
+				rest = append(next, rest[i+1:]...)
 				continue walk
 			}
 			r.Close()
 			if err != nil {
-				return nil, err
+				return nil, "", err
 			}
 			r, at = sub, path.Join(at, name)
 		}
-		return r, nil
+		return r, at, nil
 	}
 }
 

@@ -115,3 +115,73 @@ func TestNewFollowsTheAdministratorsSymlinkInsideTheRoot(t *testing.T) {
 		})
 	}
 }
+
+// TestNewResolvesDotDotAsTheKernelDoes: a ".." in the administrator's
+// symlink goes to the parent of the directory the link reached, not of
+// its name: /opt -> data/../opt-real with /data -> mnt/disk/data is
+// /mnt/disk/opt-real, as every other program sees it.
+func TestNewResolvesDotDotAsTheKernelDoes(t *testing.T) {
+	dir, root, _ := prefixLink(t, "data", "mnt/disk/data")
+	for _, d := range []string{"mnt/disk/data", "mnt/disk/opt-real"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("data/../opt-real", filepath.Join(root, "opt")); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Config{Root: root, Prefixes: []string{"/opt"}, StateDir: filepath.Join(dir, "state"), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer a.Close()
+	got, err := a.prefixes[0].root.Stat(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.Stat(filepath.Join(root, "opt") + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(got, want) || a.prefixes[0].real != "/mnt/disk/opt-real" {
+		t.Errorf("prefix /opt opened at %s; want the directory the kernel resolves, /mnt/disk/opt-real", a.prefixes[0].real)
+	}
+	if _, err := os.Stat(filepath.Join(root, "opt-real")); err == nil {
+		t.Errorf("New made %s/opt-real, resolving the .. by the link's name", root)
+	}
+}
+
+// TestNewRefusesALoopOfSymlinks: the administrator's own symlinks in a
+// loop stop the start saying so, not that they are another user's.
+func TestNewRefusesALoopOfSymlinks(t *testing.T) {
+	dir, root, _ := prefixLink(t, "a", "a")
+	_, err := New(Config{Root: root, Prefixes: []string{"/a/x"}, StateDir: filepath.Join(dir, "state"), Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "apply: prefix /a/x: ") || !strings.Contains(err.Error(), "more than 40 symlinks on the way (a loop?)") {
+		t.Fatalf("New: %v; want the loop named", err)
+	}
+}
+
+// TestNewRefusesPrefixesThatAreOneDirectory: with /opt -> var/opt, the
+// prefixes /opt and /var (or /var/opt) are one directory under two
+// declared paths, which the ledger would key as two files. The start is
+// refused, naming both and where they lie.
+func TestNewRefusesPrefixesThatAreOneDirectory(t *testing.T) {
+	for _, other := range []string{"/var/opt", "/var"} {
+		t.Run(other, func(t *testing.T) {
+			dir, root, _ := prefixLink(t, "opt", "var/opt")
+			_, err := New(Config{Root: root, Prefixes: []string{other, "/opt"}, StateDir: filepath.Join(dir, "state"), Logger: slog.New(slog.DiscardHandler)})
+			want := "apply: prefix /opt is /var/opt on this machine and prefix " + other + " is " + other +
+				": one directory under two prefixes would be managed under two paths; allow one of them"
+			if err == nil || err.Error() != want {
+				t.Fatalf("New: %v; want %q", err, want)
+			}
+		})
+	}
+	// Prefixes nested as declared are fine.
+	dir, root, _ := prefixLink(t, "opt", "var/opt")
+	a, err := New(Config{Root: root, Prefixes: []string{"/opt", "/opt/app"}, StateDir: filepath.Join(dir, "state"), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("New with /opt and /opt/app: %v", err)
+	}
+	a.Close()
+}
