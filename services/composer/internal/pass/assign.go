@@ -184,6 +184,56 @@ func (p *Passer) planAssign(ctx context.Context, st *nodeState, work []*item, jc
 	return wants, approvals, err
 }
 
+// putBackWanted writes back, when a pass wrote a move over the very
+// composition the node wants and then does not commit it (an approval it
+// moved on was revoked meanwhile), the composition the key held before:
+// the want still names it. A key left holding the move would fail the
+// engine's fetch, and the next pass, finding the wanted composition gone
+// and unable to render it again from params that changed, would drop the
+// module from the wants.
+func (p *Passer) putBackWanted(ctx context.Context, st *nodeState, work []*item) error {
+	var errs []error
+	for _, it := range work {
+		if it.own || it.written == 0 || it.beforeHeld == nil || it.digest == it.beforeDigest {
+			continue
+		}
+		prev := st.prevWant(it.comp.GetModule())
+		if prev == nil || prev.GetCompositionKey() != it.key || prev.GetCompositionDigest() != it.beforeDigest {
+			continue
+		}
+		if err := p.putBack(ctx, st, it); err != nil {
+			errs = append(errs, fmt.Errorf("%s: put back the wanted %s: %w", it.key, it.beforeDigest, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Passer) putBack(ctx context.Context, st *nodeState, it *item) error {
+	_, digest, err := envelope.Seal(typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, it.beforeHeld)
+	if err != nil {
+		return err
+	}
+	if digest != it.beforeDigest {
+		return fmt.Errorf("the composition held before seals to %s", digest)
+	}
+	if err := p.stillHolds(st); err != nil {
+		return err
+	}
+	signed, err := p.cfg.Signer.SignCompositions(ctx, st.epoch, []*typev1.Composition{it.beforeHeld})
+	if err != nil {
+		return err
+	}
+	if len(signed) != 1 || signed[0].GetDigest() != digest {
+		return errors.New("the signer returned another composition than was asked")
+	}
+	back := &item{key: it.key, comp: it.beforeHeld, env: signed[0].GetEnvelope(), digest: digest, heldRev: it.written, heldDigest: it.digest}
+	err = p.cas(ctx, back)
+	if back.written != 0 {
+		st.wrote(back.key, back.written)
+	}
+	return err
+}
+
 func keyOfModule(wants []*typev1.Want, mover, a, b string) string {
 	other := a
 	if other == mover {

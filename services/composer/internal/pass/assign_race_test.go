@@ -228,3 +228,76 @@ func TestApprovalRevokedMidPassIsNotCommitted(t *testing.T) {
 		})
 	}
 }
+
+// An approval revoked while the pass writes the move it approves at the
+// same key (a change of params): the move is written over the composition
+// the node wants, then not committed. The key is put back to what the
+// want names, and the next pass keeps the module wanted there, held.
+func TestApprovalRevokedMidPassPutsTheWantedCompositionBack(t *testing.T) {
+	for _, apply := range []bool{true, false} {
+		t.Run(fmt.Sprintf("apply=%v", apply), func(t *testing.T) {
+			w := ct.New(t)
+			c := w.StartManual(t, "one")
+			fpS := w.Release(t, ct.SSHD("1.0", ""), nil)
+			ct.WaitFor(t, "sshd seen", 10*time.Second, func() (bool, string) {
+				r, _ := c.View.Registration("sshd")
+				return r.GetFingerprint() == fpS, "not yet"
+			})
+			spec := ct.Spec("ace", "sshd")
+			c.PutNode(t, spec)
+			if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
+				t.Fatalf("first pass: %v", res.Err)
+			}
+			a1, _, err := w.Assignment(t, "ace")
+			ct.Must(t, err)
+			held := ct.Want(a1, "sshd")
+			reported := appliedAll(a1, 1)
+			reported.HighWater = a1.GetManifestRevision()
+			w.Put(t, natsx.BucketHaves, "ace", reported)
+			spec.Policies = map[string]*typev1.Policy{"sshd": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "review")}
+			spec.Modules[0].Params.Fields["port"] = structpb.NewNumberValue(2222)
+			c.PutNode(t, spec)
+			ctx := context.Background()
+			plan, err := c.Passer.Run(ctx, "ace", pass.Plan, nil)
+			ct.Must(t, err)
+			if len(plan.Holds) != 1 || plan.Holds[0].GetCompositionKey() != held.GetCompositionKey() {
+				t.Fatalf("plan holds %v; want sshd held at its key", plan.Holds)
+			}
+			ap, err := c.Operator(t).Approve(ctx, &composerv1.ApproveRequest{Module: "sshd", Digests: []string{plan.Holds[0].GetCompositionDigest()}})
+			ct.Must(t, err)
+			ct.WaitFor(t, "approval seen", 10*time.Second, func() (bool, string) { return len(c.Reconciler.Approvals()) == 1, "not yet" })
+			plan, err = c.Passer.Run(ctx, "ace", pass.Plan, nil)
+			ct.Must(t, err)
+			pass.SetHooks(c.Passer, pass.Hooks{BeforeSign: func([]string) {
+				_, err := c.Operator(t).RevokeApproval(ctx, &composerv1.RevokeApprovalRequest{Id: ap.GetApproval().GetId()})
+				ct.Must(t, err)
+				ct.WaitFor(t, "revocation seen", 10*time.Second, func() (bool, string) { return len(c.Reconciler.Approvals()) == 0, "not yet" })
+			}})
+			var expect *composerv1.AssignmentInputs
+			if apply {
+				expect = plan.Inputs
+			}
+			_, err = c.Passer.Run(ctx, "ace", pass.Write, expect)
+			pass.SetHooks(c.Passer, pass.Hooks{})
+			if apply && !errors.Is(err, pass.ErrStale) {
+				t.Fatalf("Apply: %v; want stale", err)
+			}
+			keyHolds := func() string {
+				e, err := w.KV(t, natsx.BucketCompositions).Get(ctx, held.GetCompositionKey())
+				ct.Must(t, err)
+				return digestOf(t, e.Value)
+			}
+			if got := keyHolds(); got != held.GetCompositionDigest() {
+				t.Fatalf("after the move was not committed the key holds %s; want the wanted %s put back", got, held.GetCompositionDigest())
+			}
+			if res := c.Pass(t, "ace"); res.Err != nil {
+				t.Fatalf("the pass after: %v", res.Err)
+			}
+			a, _, err := w.Assignment(t, "ace")
+			ct.Must(t, err)
+			if got := ct.Want(a, "sshd"); got.GetCompositionDigest() != held.GetCompositionDigest() || keyHolds() != held.GetCompositionDigest() {
+				t.Fatalf("the pass after: sshd wants %v, the key holds %s; want both %s", got, keyHolds(), held.GetCompositionDigest())
+			}
+		})
+	}
+}

@@ -657,6 +657,9 @@ func (p *Passer) run(ctx context.Context, node string, mode Mode, expect *compos
 		// (derived); the move is not committed: an Apply is stale, and
 		// a reconciler's pass fails and is tried again soon, deciding on
 		// the approvals as they are then.
+		if err := p.putBackWanted(ctx, st, work); err != nil {
+			fail(err)
+		}
 		if expect != nil {
 			p.finish(ctx, st, res, nil)
 			return res, staleApprovals(node, expect.GetApprovals(), slices.DeleteFunc(slices.Clone(approvals), func(id string) bool { return slices.Contains(gone, id) }))
