@@ -198,22 +198,7 @@ func TestApprovalRevokedMidPassIsNotCommitted(t *testing.T) {
 			if len(plan.Holds) != 1 {
 				t.Fatalf("plan holds %v; want motd held", plan.Holds)
 			}
-			ap, err := c.Operator(t).Approve(ctx, &composerv1.ApproveRequest{Module: "motd", Digests: []string{plan.Holds[0].GetCompositionDigest()}})
-			ct.Must(t, err)
-			ct.WaitFor(t, "approval seen", 10*time.Second, func() (bool, string) { return len(c.Reconciler.Approvals()) == 1, "not yet" })
-			plan, err = c.Passer.Run(ctx, "ace", pass.Plan, nil)
-			ct.Must(t, err)
-			pass.SetHooks(c.Passer, pass.Hooks{BeforeSign: func([]string) {
-				_, err := c.Operator(t).RevokeApproval(ctx, &composerv1.RevokeApprovalRequest{Id: ap.GetApproval().GetId()})
-				ct.Must(t, err)
-				ct.WaitFor(t, "revocation seen", 10*time.Second, func() (bool, string) { return len(c.Reconciler.Approvals()) == 0, "not yet" })
-			}})
-			var expect *composerv1.AssignmentInputs
-			if apply {
-				expect = plan.Inputs
-			}
-			res, err := c.Passer.Run(ctx, "ace", pass.Write, expect)
-			pass.SetHooks(c.Passer, pass.Hooks{})
+			res, err := approvedThenRevokedWhileSigning(t, c, "motd", plan, apply)
 			a, _, aerr := w.Assignment(t, "ace")
 			ct.Must(t, aerr)
 			if got := ct.Want(a, "motd").GetFingerprint(); got == fpM2 {
@@ -263,22 +248,7 @@ func TestApprovalRevokedMidPassPutsTheWantedCompositionBack(t *testing.T) {
 			if len(plan.Holds) != 1 || plan.Holds[0].GetCompositionKey() != held.GetCompositionKey() {
 				t.Fatalf("plan holds %v; want sshd held at its key", plan.Holds)
 			}
-			ap, err := c.Operator(t).Approve(ctx, &composerv1.ApproveRequest{Module: "sshd", Digests: []string{plan.Holds[0].GetCompositionDigest()}})
-			ct.Must(t, err)
-			ct.WaitFor(t, "approval seen", 10*time.Second, func() (bool, string) { return len(c.Reconciler.Approvals()) == 1, "not yet" })
-			plan, err = c.Passer.Run(ctx, "ace", pass.Plan, nil)
-			ct.Must(t, err)
-			pass.SetHooks(c.Passer, pass.Hooks{BeforeSign: func([]string) {
-				_, err := c.Operator(t).RevokeApproval(ctx, &composerv1.RevokeApprovalRequest{Id: ap.GetApproval().GetId()})
-				ct.Must(t, err)
-				ct.WaitFor(t, "revocation seen", 10*time.Second, func() (bool, string) { return len(c.Reconciler.Approvals()) == 0, "not yet" })
-			}})
-			var expect *composerv1.AssignmentInputs
-			if apply {
-				expect = plan.Inputs
-			}
-			_, err = c.Passer.Run(ctx, "ace", pass.Write, expect)
-			pass.SetHooks(c.Passer, pass.Hooks{})
+			_, err = approvedThenRevokedWhileSigning(t, c, "sshd", plan, apply)
 			if apply && !errors.Is(err, pass.ErrStale) {
 				t.Fatalf("Apply: %v; want stale", err)
 			}
@@ -300,4 +270,29 @@ func TestApprovalRevokedMidPassPutsTheWantedCompositionBack(t *testing.T) {
 			}
 		})
 	}
+}
+
+// approvedThenRevokedWhileSigning approves the move plan holds of module,
+// then runs a Write pass (with apply, the Apply of the plan made once the
+// approval was seen) during which the approval is revoked, before the pass
+// signs what it writes.
+func approvedThenRevokedWhileSigning(t *testing.T, c *ct.Composer, module string, plan *pass.Result, apply bool) (*pass.Result, error) {
+	t.Helper()
+	ctx := context.Background()
+	ap, err := c.Operator(t).Approve(ctx, &composerv1.ApproveRequest{Module: module, Digests: []string{plan.Holds[0].GetCompositionDigest()}})
+	ct.Must(t, err)
+	ct.WaitFor(t, "approval seen", 10*time.Second, func() (bool, string) { return len(c.Reconciler.Approvals()) == 1, "not yet" })
+	plan, err = c.Passer.Run(ctx, "ace", pass.Plan, nil)
+	ct.Must(t, err)
+	pass.SetHooks(c.Passer, pass.Hooks{BeforeSign: func([]string) {
+		_, err := c.Operator(t).RevokeApproval(ctx, &composerv1.RevokeApprovalRequest{Id: ap.GetApproval().GetId()})
+		ct.Must(t, err)
+		ct.WaitFor(t, "revocation seen", 10*time.Second, func() (bool, string) { return len(c.Reconciler.Approvals()) == 0, "not yet" })
+	}})
+	defer pass.SetHooks(c.Passer, pass.Hooks{})
+	var expect *composerv1.AssignmentInputs
+	if apply {
+		expect = plan.Inputs
+	}
+	return c.Passer.Run(ctx, "ace", pass.Write, expect)
 }
