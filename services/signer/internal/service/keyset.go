@@ -13,10 +13,13 @@ import (
 )
 
 // Keysets holds the root-signed keyset the signer serves, and reloads it
-// from its file when the file changes. A new keyset is taken only when it
-// verifies against the pinned roots, has a higher version and still lists
-// the signer's key as ACTIVE; otherwise the current one stays and the error
-// is returned to the caller to log.
+// from its file when the file changes. A new keyset is taken when it
+// verifies against the pinned roots, is unexpired and has a higher version,
+// even when it no longer lists the signer's key as ACTIVE: the roots
+// retired or revoked the key, and from then on the signer signs nothing
+// (signingKeyValid) while it serves the keyset that says why. Otherwise the
+// current one stays. Either way the error is returned to the caller to log.
+// At start (LoadKeysets) the key must be ACTIVE.
 type Keysets struct {
 	path  string
 	roots *typev1.TrustRoots
@@ -43,7 +46,20 @@ func LoadKeysets(path string, roots *typev1.TrustRoots, keyID string, now time.T
 	return k, nil
 }
 
+// read reads the keyset file and checks it as LoadKeysets does; ring is
+// set when it verifies against the roots and is unexpired, and err then
+// says whether the signer's key may sign under it.
 func (k *Keysets) read(now time.Time) (*verify.Keyring, time.Time, error) {
+	ring, mod, err := k.readVerified(now)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return ring, mod, k.keyUsable(ring, now)
+}
+
+// readVerified reads the keyset file: it must verify against the roots and
+// be unexpired.
+func (k *Keysets) readVerified(now time.Time) (*verify.Keyring, time.Time, error) {
 	fi, err := os.Stat(k.path)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("keyset file: %w", err)
@@ -59,21 +75,27 @@ func (k *Keysets) read(now time.Time) (*verify.Keyring, time.Time, error) {
 	if ring.Expired(now) {
 		return nil, time.Time{}, fmt.Errorf("keyset file %s: version %d %w at %s", k.path, ring.Version(), verify.ErrKeysetExpired, ring.Keyset().GetExpiresAt().AsTime().UTC().Format(time.RFC3339))
 	}
+	return ring, fi.ModTime(), nil
+}
+
+// keyUsable checks that a keyset lists the signer's key as ACTIVE and valid
+// now.
+func (k *Keysets) keyUsable(ring *verify.Keyring, now time.Time) error {
 	key, ok := ring.Key(k.keyID)
 	if !ok || key.GetState() != typev1.KeyState_KEY_STATE_ACTIVE {
 		state := "not listed"
 		if ok {
 			state = key.GetState().String()
 		}
-		return nil, time.Time{}, fmt.Errorf("%w: keyset version %d, key %s is %s", ErrKeyNotActive, ring.Version(), k.keyID, state)
+		return fmt.Errorf("%w: keyset version %d, key %s is %s", ErrKeyNotActive, ring.Version(), k.keyID, state)
 	}
 	if nb := key.GetNotBefore(); nb != nil && now.Before(nb.AsTime()) {
-		return nil, time.Time{}, fmt.Errorf("%w: key %s is valid from %s", ErrKeyNotActive, k.keyID, nb.AsTime().UTC().Format(time.RFC3339))
+		return fmt.Errorf("%w: key %s is valid from %s", ErrKeyNotActive, k.keyID, nb.AsTime().UTC().Format(time.RFC3339))
 	}
 	if na := key.GetNotAfter(); na != nil && now.After(na.AsTime()) {
-		return nil, time.Time{}, fmt.Errorf("%w: key %s was valid until %s", ErrKeyNotActive, k.keyID, na.AsTime().UTC().Format(time.RFC3339))
+		return fmt.Errorf("%w: key %s was valid until %s", ErrKeyNotActive, k.keyID, na.AsTime().UTC().Format(time.RFC3339))
 	}
-	return ring, fi.ModTime(), nil
+	return nil
 }
 
 // Current returns the keyset in use.
@@ -97,7 +119,7 @@ func (k *Keysets) Reload(now time.Time) (bool, error) {
 	if same {
 		return false, nil
 	}
-	ring, mod, err := k.read(now)
+	ring, mod, err := k.readVerified(now)
 	if err != nil {
 		return false, err
 	}
@@ -111,6 +133,10 @@ func (k *Keysets) Reload(now time.Time) (bool, error) {
 		return false, nil
 	}
 	k.ring = ring
+	if err := k.keyUsable(ring, now); err != nil {
+		// Taken all the same: the roots say so of the key.
+		return true, fmt.Errorf("keyset version %d taken; it signs nothing more: %w", ring.Version(), err)
+	}
 	return true, nil
 }
 

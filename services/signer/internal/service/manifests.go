@@ -16,6 +16,7 @@ import (
 	"mesh.dev/internal/envelope"
 	"mesh.dev/internal/lint"
 	"mesh.dev/internal/names"
+	"mesh.dev/internal/verify"
 	signerv1 "mesh.dev/proto/mesh/signer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
 	"mesh.dev/services/signer/internal/audit"
@@ -97,8 +98,17 @@ func (s *Server) signManifests(ctx context.Context, method string, req *signerv1
 	// A crash in between consumes revisions and signs nothing: a gap an
 	// engine never sees, since it only ever sees higher revisions.
 	revReqs := make([]state.RevisionRequest, len(items))
+	// A floor far ahead of the clock would take the node's revisions where
+	// no later one fits (up to the largest there is): it could then take no
+	// manifest ever after. Revisions are milliseconds since 1970; an
+	// engine refuses a manifest issued more than MaxAhead ahead of its own
+	// clock, and no honest floor is further.
+	maxFloor := uint64(now.Add(verify.MaxAhead).UnixMilli())
 	for i, m := range items {
 		floor := m.GetRevisionFloor()
+		if floor > maxFloor {
+			return nil, s.refuse(ctx, method, 0, fmt.Errorf("%w: manifests[%d] (%s): revision_floor %d is more than %s ahead of the signer's clock (revisions are milliseconds since 1970; the node could take no manifest after it)", errInvalid, i, m.GetNode(), floor, verify.MaxAhead))
+		}
 		// An engine refuses a manifest below its keyset's floor; no
 		// revision below it is ever assigned.
 		if kf := ring.Keyset().GetRevisionFloor(); kf > floor {
@@ -176,7 +186,9 @@ func (s *Server) Fence(ctx context.Context, req *signerv1.FenceRequest) (*signer
 
 // GetKeyset returns the keyset the signer serves.
 func (s *Server) GetKeyset(ctx context.Context, _ *signerv1.GetKeysetRequest) (*signerv1.GetKeysetResponse, error) {
-	if _, err := s.cfg.Keysets.Reload(s.cfg.Now()); err != nil {
+	if took, err := s.cfg.Keysets.Reload(s.cfg.Now()); took && err != nil {
+		s.log.Error("keyset taken that does not let this signer's key sign", "version", s.cfg.Keysets.Current().Version(), "error", err)
+	} else if err != nil {
 		s.log.Warn("keyset file not taken; serving the current keyset", "error", err)
 	}
 	ring := s.cfg.Keysets.Current()
@@ -194,9 +206,12 @@ func (s *Server) WatchKeyset(ctx context.Context, interval time.Duration) error 
 			return nil
 		case <-t.C:
 			took, err := s.cfg.Keysets.Reload(s.cfg.Now())
-			if err != nil {
+			switch {
+			case took && err != nil:
+				s.log.Error("keyset taken that does not let this signer's key sign", "version", s.cfg.Keysets.Current().Version(), "error", err)
+			case err != nil:
 				s.log.Warn("keyset file not taken; serving the current keyset", "error", err)
-			} else if took {
+			case took:
 				s.log.Info("keyset taken", "version", s.cfg.Keysets.Current().Version())
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -106,7 +107,12 @@ func (s *Store) AssignRevisions(reqs []RevisionRequest, nowMillis uint64) ([]uin
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketRevisions)
 		for i, r := range reqs {
-			rev := max(u64(b.Get([]byte(r.Node)))+1, r.Floor, nowMillis)
+			last := u64(b.Get([]byte(r.Node)))
+			if last == math.MaxUint64 {
+				// No revision is above it: wrapping to 0 would go back.
+				return fmt.Errorf("node %s: its last revision is %d, the largest there is; no manifest can follow it", r.Node, last)
+			}
+			rev := max(last+1, r.Floor, nowMillis)
 			if err := b.Put([]byte(r.Node), be(rev)); err != nil {
 				return err
 			}

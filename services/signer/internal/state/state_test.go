@@ -2,7 +2,9 @@ package state
 
 import (
 	"errors"
+	"math"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -62,5 +64,25 @@ func TestEpoch(t *testing.T) {
 	defer s.Close()
 	if e, _ := s.Epoch(); e != 3 {
 		t.Fatalf("epoch after restart %d", e)
+	}
+}
+
+// TestRevisionAtTheLargestIsNotWrapped: a node whose last revision is the
+// largest there is has no next one; wrapping to 0 (then the clock) would be
+// a revision going back. The request fails and nothing is assigned.
+func TestRevisionAtTheLargestIsNotWrapped(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "signer.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.AssignRevisions([]RevisionRequest{{Node: "ace", Floor: math.MaxUint64}}, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.AssignRevisions([]RevisionRequest{{Node: "ace"}, {Node: "bob"}}, 1000); err == nil || !strings.Contains(err.Error(), "node ace: its last revision is 18446744073709551615, the largest there is") {
+		t.Fatalf("AssignRevisions after the largest: %v, %v; want it refused", got, err)
+	}
+	if last, _ := s.LastRevision("bob"); last != 0 {
+		t.Errorf("bob was assigned %d in the refused batch", last)
 	}
 }
