@@ -9,9 +9,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"mesh.dev/internal/names"
 	"mesh.dev/internal/verify"
 	signerv1 "mesh.dev/proto/mesh/signer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
+	"mesh.dev/services/signer/internal/audit"
 )
 
 // TestRevisionFloorFarAheadIsRefused: a revision floor the composer asks
@@ -83,5 +85,42 @@ func TestKeyRetiredOrRevokedByANewKeysetSignsNothing(t *testing.T) {
 				Manifests: []*signerv1.ManifestItem{{Node: "ace", Wants: []*typev1.Want{nodeWant(t, "ace")}}}})
 			mustCode(t, err, codes.FailedPrecondition, "not ACTIVE in keyset version 2")
 		})
+	}
+}
+
+// TestRefusalWithTheCatalogDownIsAudited: a request the signer refuses
+// because it cannot reach the catalog to check it leaves a refused record
+// in the audit log, as every other refusal does, and answers UNAVAILABLE.
+func TestRefusalWithTheCatalogDownIsAudited(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	r := w.start(t)
+	c := w.composer(t, r)
+	epoch := fence(t, c)
+	fp, arts := w.release("sshd")
+	w.catalog.SetDown(true)
+	ctx := context.Background()
+	for _, call := range []struct {
+		name string
+		do   func() error
+	}{
+		{"SignCompositions", func() error {
+			_, err := c.SignCompositions(ctx, &signerv1.SignCompositionsRequest{FencingEpoch: epoch,
+				Compositions: []*typev1.Composition{moduleComposition("ace", "sshd", fp, 100)}})
+			return err
+		}},
+		{"SignManifests", func() error {
+			_, err := c.SignManifests(ctx, &signerv1.SignManifestsRequest{FencingEpoch: epoch,
+				Manifests: []*signerv1.ManifestItem{{Node: "ace", Wants: []*typev1.Want{wantOf(t, "ace", "sshd", fp, arts, names.Digest([]byte("x")))}}}})
+			return err
+		}},
+	} {
+		before := len(auditRecords(t, w.stateDir))
+		err := call.do()
+		mustCode(t, err, codes.Unavailable)
+		recs := auditRecords(t, w.stateDir)[before:]
+		if len(recs) != 1 || recs[0].Kind != audit.KindRefused {
+			t.Errorf("%s with the catalog down: audit records %+v; want one refused record", call.name, recs)
+		}
 	}
 }

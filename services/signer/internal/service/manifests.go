@@ -68,7 +68,8 @@ func (s *Server) signManifests(ctx context.Context, method string, req *signerv1
 	for i, m := range items {
 		if err := s.cfg.Checker.CheckWants(ctx, m.GetNode(), m.GetWants()); err != nil {
 			if errors.Is(err, ErrUnavailable) {
-				return nil, err
+				// Recorded as every refusal is; answered UNAVAILABLE.
+				return nil, s.refuse(ctx, method, 0, err)
 			}
 			return nil, s.refuse(ctx, method, 0, fmt.Errorf("%w: manifests[%d] (%s): %v", errPrecondition, i, m.GetNode(), err))
 		}

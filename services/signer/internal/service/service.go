@@ -324,7 +324,8 @@ func (s *Server) signCompositions(ctx context.Context, method string, req *signe
 	if len(modules) > 0 {
 		if err := s.cfg.Checker.CheckCompositions(ctx, modules); err != nil {
 			if errors.Is(err, ErrUnavailable) {
-				return nil, err
+				// Recorded as every refusal is; answered UNAVAILABLE.
+				return nil, s.refuse(ctx, method, 0, err)
 			}
 			return nil, s.refuse(ctx, method, 0, fmt.Errorf("%w: %v", errPrecondition, err))
 		}

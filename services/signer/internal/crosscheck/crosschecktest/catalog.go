@@ -25,6 +25,17 @@ type Catalog struct {
 	builds  map[string]*catalogv1.Build
 	// Calls counts GetEntry calls, so tests can see the cache work.
 	Calls int
+	// down makes every call answer UNAVAILABLE, as a catalog that cannot
+	// be reached.
+	down bool
+}
+
+// SetDown makes the catalog unreachable (every call UNAVAILABLE), or
+// reachable again.
+func (c *Catalog) SetDown(down bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.down = down
 }
 
 // New returns an empty catalog.
@@ -68,6 +79,9 @@ func (c *Catalog) GetEntry(_ context.Context, in *catalogv1.GetEntryRequest, _ .
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.Calls++
+	if c.down {
+		return nil, status.Error(codes.Unavailable, "catalog down")
+	}
 	e, ok := c.entries[in.GetFingerprint()]
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "no entry of fingerprint %s", in.GetFingerprint())
@@ -79,6 +93,9 @@ func (c *Catalog) GetEntry(_ context.Context, in *catalogv1.GetEntryRequest, _ .
 func (c *Catalog) GetBuild(_ context.Context, in *catalogv1.GetBuildRequest, _ ...grpc.CallOption) (*catalogv1.GetBuildResponse, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.down {
+		return nil, status.Error(codes.Unavailable, "catalog down")
+	}
 	b, ok := c.builds[in.GetFingerprint()]
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "no build of fingerprint %s", in.GetFingerprint())
