@@ -44,8 +44,11 @@ func TestManifestRevisions(t *testing.T) {
 	}
 
 	// An engine reports a high-water far above the held revision (say a
-	// signer restored from an old backup): the next manifest is above it.
-	high := a0.GetManifestRevision() + 1_000_000_000
+	// signer restored from an old backup, and a clock an hour ahead when
+	// it signed): the next manifest is above it. (A floor more than 24 h
+	// ahead of the signer's clock is refused: no engine took a revision
+	// issued so far ahead.)
+	high := max(a0.GetManifestRevision(), uint64(time.Now().UnixMilli())) + uint64(time.Hour.Milliseconds())
 	w.Put(t, natsx.BucketHaves, "ace", &composerv1.HaveRecord{Node: "ace", ReportSeq: 1, HighWater: high,
 		Applied: &composerv1.ManifestRef{Revision: a0.GetManifestRevision(), Digest: a0.GetManifestDigest()}})
 	a1 := resigned(a0, high)
