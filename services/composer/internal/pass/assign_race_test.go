@@ -24,24 +24,10 @@ import (
 func TestApprovalMidPassIsDecidedOnce(t *testing.T) {
 	w := ct.New(t)
 	c := w.StartManual(t, "one")
-	fpS := w.Release(t, ct.SSHD("1.0", ""), nil)
-	fpM := w.Release(t, ct.Motd("1.0"), nil)
-	ct.WaitFor(t, "seen", 10*time.Second, func() (bool, string) {
-		r, _ := c.View.Registration("sshd")
-		m, _ := c.View.Registration("motd")
-		return r.GetFingerprint() == fpS && m.GetFingerprint() == fpM, "not yet"
-	})
+	released(t, w, c, ct.SSHD("1.0", ""), ct.Motd("1.0"))
 	spec := ct.Spec("ace", "motd", "sshd")
-	c.PutNode(t, spec)
-	if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
-		t.Fatalf("first pass: %v", res.Err)
-	}
-	a1, _, err := w.Assignment(t, "ace")
-	ct.Must(t, err)
+	a1 := placedAndApplied(t, w, c, spec)
 	held := ct.Want(a1, "sshd")
-	reported := appliedAll(a1, 1)
-	reported.HighWater = a1.GetManifestRevision()
-	w.Put(t, natsx.BucketHaves, "ace", reported)
 	spec.Policies = map[string]*typev1.Policy{"sshd": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "review")}
 	for _, pm := range spec.Modules {
 		if pm.GetModule() == "sshd" {
@@ -62,11 +48,7 @@ func TestApprovalMidPassIsDecidedOnce(t *testing.T) {
 		t.Fatalf("setup: pass 2 err %v holds %v wants %v", res.Err, a2.GetHolds(), a2.GetWants())
 	}
 	// Motd moves in the next pass, so something is signed after sshd was deferred.
-	fpM2 := w.Release(t, ct.Motd("2.0"), nil)
-	ct.WaitFor(t, "motd 2", 10*time.Second, func() (bool, string) {
-		m, _ := c.View.Registration("motd")
-		return m.GetFingerprint() == fpM2, "not yet"
-	})
+	released(t, w, c, ct.Motd("2.0"))
 	pass.SetHooks(c.Passer, pass.Hooks{BeforeSign: func(keys []string) {
 		_, err := c.Operator(t).Approve(context.Background(), &composerv1.ApproveRequest{Module: "sshd", Digests: []string{newDigest}})
 		ct.Must(t, err)
@@ -113,13 +95,7 @@ func dirModule(name string) *typev1.ModuleManifest {
 func TestRevertedSameKeyMoveKeepsTheWantedComposition(t *testing.T) {
 	w := ct.New(t)
 	c := w.StartManual(t, "one")
-	fpA := w.Release(t, dirModule("alpha"), nil)
-	fpB := w.Release(t, dirModule("beta"), nil)
-	ct.WaitFor(t, "seen", 10*time.Second, func() (bool, string) {
-		a, _ := c.View.Registration("alpha")
-		b, _ := c.View.Registration("beta")
-		return a.GetFingerprint() == fpA && b.GetFingerprint() == fpB, "not yet"
-	})
+	released(t, w, c, dirModule("alpha"), dirModule("beta"))
 	spec := ct.Spec("ace", "alpha", "beta")
 	setDir := func(m, d string) {
 		for _, pm := range spec.Modules {
@@ -130,15 +106,7 @@ func TestRevertedSameKeyMoveKeepsTheWantedComposition(t *testing.T) {
 	}
 	setDir("alpha", "z")
 	setDir("beta", "p")
-	c.PutNode(t, spec)
-	if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
-		t.Fatalf("first pass: %v", res.Err)
-	}
-	a1, _, err := w.Assignment(t, "ace")
-	ct.Must(t, err)
-	reported := appliedAll(a1, 1)
-	reported.HighWater = a1.GetManifestRevision()
-	w.Put(t, natsx.BucketHaves, "ace", reported)
+	a1 := placedAndApplied(t, w, c, spec)
 	spec.Policies = map[string]*typev1.Policy{"beta": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "review")}
 	setDir("alpha", "p")
 	setDir("beta", "q")
@@ -176,22 +144,14 @@ func TestApprovalRevokedMidPassIsNotCommitted(t *testing.T) {
 		t.Run(fmt.Sprintf("apply=%v", apply), func(t *testing.T) {
 			w := ct.New(t)
 			c := w.StartManual(t, "one")
-			fpM := w.Release(t, ct.Motd("1.0"), nil)
-			ct.WaitFor(t, "motd 1 seen", 10*time.Second, func() (bool, string) {
-				m, _ := c.View.Registration("motd")
-				return m.GetFingerprint() == fpM, "not yet"
-			})
+			released(t, w, c, ct.Motd("1.0"))
 			spec := ct.Spec("ace", "motd")
 			spec.Policies = map[string]*typev1.Policy{"motd": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "review")}
 			c.PutNode(t, spec)
 			if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
 				t.Fatalf("first pass: %v", res.Err)
 			}
-			fpM2 := w.Release(t, ct.Motd("2.0"), nil)
-			ct.WaitFor(t, "motd 2 seen", 10*time.Second, func() (bool, string) {
-				m, _ := c.View.Registration("motd")
-				return m.GetFingerprint() == fpM2, "not yet"
-			})
+			fpM2 := released(t, w, c, ct.Motd("2.0"))["motd"]
 			ctx := context.Background()
 			plan, err := c.Passer.Run(ctx, "ace", pass.Plan, nil)
 			ct.Must(t, err)
@@ -223,22 +183,9 @@ func TestApprovalRevokedMidPassPutsTheWantedCompositionBack(t *testing.T) {
 		t.Run(fmt.Sprintf("apply=%v", apply), func(t *testing.T) {
 			w := ct.New(t)
 			c := w.StartManual(t, "one")
-			fpS := w.Release(t, ct.SSHD("1.0", ""), nil)
-			ct.WaitFor(t, "sshd seen", 10*time.Second, func() (bool, string) {
-				r, _ := c.View.Registration("sshd")
-				return r.GetFingerprint() == fpS, "not yet"
-			})
+			released(t, w, c, ct.SSHD("1.0", ""))
 			spec := ct.Spec("ace", "sshd")
-			c.PutNode(t, spec)
-			if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
-				t.Fatalf("first pass: %v", res.Err)
-			}
-			a1, _, err := w.Assignment(t, "ace")
-			ct.Must(t, err)
-			held := ct.Want(a1, "sshd")
-			reported := appliedAll(a1, 1)
-			reported.HighWater = a1.GetManifestRevision()
-			w.Put(t, natsx.BucketHaves, "ace", reported)
+			held := ct.Want(placedAndApplied(t, w, c, spec), "sshd")
 			spec.Policies = map[string]*typev1.Policy{"sshd": ct.Policy(typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL, "review")}
 			spec.Modules[0].Params.Fields["port"] = structpb.NewNumberValue(2222)
 			c.PutNode(t, spec)
@@ -295,4 +242,42 @@ func approvedThenRevokedWhileSigning(t *testing.T, c *ct.Composer, module string
 		expect = plan.Inputs
 	}
 	return c.Passer.Run(ctx, "ace", pass.Write, expect)
+}
+
+// released releases module manifests and waits until the composer sees
+// each registered at its new fingerprint; it returns the fingerprints by
+// module.
+func released(t *testing.T, w *ct.World, c *ct.Composer, manifests ...*typev1.ModuleManifest) map[string]string {
+	t.Helper()
+	fps := map[string]string{}
+	for _, m := range manifests {
+		fps[m.GetModule()] = w.Release(t, m, nil)
+	}
+	ct.WaitFor(t, "releases seen", 10*time.Second, func() (bool, string) {
+		for m, fp := range fps {
+			if r, _ := c.View.Registration(m); r.GetFingerprint() != fp {
+				return false, m + " not yet"
+			}
+		}
+		return true, ""
+	})
+	return fps
+}
+
+// placedAndApplied puts a node's spec, runs its first pass and reports
+// every want applied at the manifest's revision, as its engine would; it
+// returns the first assignment.
+func placedAndApplied(t *testing.T, w *ct.World, c *ct.Composer, spec *composerv1.NodeSpec) *composerv1.Assignment {
+	t.Helper()
+	node := spec.GetNode()
+	c.PutNode(t, spec)
+	if res := c.Pass(t, node); res.Err != nil || !res.Committed {
+		t.Fatalf("first pass: committed %v, %v", res.Committed, res.Err)
+	}
+	a, _, err := w.Assignment(t, node)
+	ct.Must(t, err)
+	reported := appliedAll(a, 1)
+	reported.HighWater = a.GetManifestRevision()
+	w.Put(t, natsx.BucketHaves, node, reported)
+	return a
 }

@@ -24,11 +24,7 @@ func TestHeldParamsChangeKeepsTheWant(t *testing.T) {
 	t.Parallel()
 	w := ct.New(t)
 	c := w.StartManual(t, "one")
-	fp := w.Release(t, ct.SSHD("1.0", ""), nil)
-	ct.WaitFor(t, "sshd seen", 10*time.Second, func() (bool, string) {
-		r, _ := c.View.Registration("sshd")
-		return r.GetFingerprint() == fp, "not yet"
-	})
+	released(t, w, c, ct.SSHD("1.0", ""))
 	spec := ct.Spec("ace", "sshd")
 	c.PutNode(t, spec)
 	if res := c.Pass(t, "ace"); res.Err != nil || !res.Committed {
