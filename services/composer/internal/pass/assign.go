@@ -209,29 +209,14 @@ func (p *Passer) putBackWanted(ctx context.Context, st *nodeState, work []*item)
 }
 
 func (p *Passer) putBack(ctx context.Context, st *nodeState, it *item) error {
-	_, digest, err := envelope.Seal(typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, it.beforeHeld)
+	env, digest, err := envelope.Seal(typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, it.beforeHeld)
 	if err != nil {
 		return err
 	}
 	if digest != it.beforeDigest {
 		return fmt.Errorf("the composition held before seals to %s", digest)
 	}
-	if err := p.stillHolds(st); err != nil {
-		return err
-	}
-	signed, err := p.cfg.Signer.SignCompositions(ctx, st.epoch, []*typev1.Composition{it.beforeHeld})
-	if err != nil {
-		return err
-	}
-	if len(signed) != 1 || signed[0].GetDigest() != digest {
-		return errors.New("the signer returned another composition than was asked")
-	}
-	back := &item{key: it.key, comp: it.beforeHeld, env: signed[0].GetEnvelope(), digest: digest, heldRev: it.written, heldDigest: it.digest}
-	err = p.cas(ctx, back)
-	if back.written != 0 {
-		st.wrote(back.key, back.written)
-	}
-	return err
+	return p.signAgainAndWrite(ctx, st, &item{key: it.key, comp: it.beforeHeld, env: env, digest: digest, heldRev: it.written, heldDigest: it.digest})
 }
 
 func keyOfModule(wants []*typev1.Want, mover, a, b string) string {

@@ -65,22 +65,7 @@ func (p *Passer) rebuildHeld(ctx context.Context, st *nodeState, prev *typev1.Wa
 	if err := p.holdObjects(ctx, st.spec.GetNode(), it, false); err != nil {
 		return nil, err
 	}
-	if err := p.stillHolds(st); err != nil {
-		return nil, fmt.Errorf("%s: not signed again: %w", it.key, err)
-	}
-	signed, err := p.cfg.Signer.SignCompositions(ctx, st.epoch, []*typev1.Composition{it.comp})
-	if err != nil {
-		return nil, fmt.Errorf("%s: sign the held composition again: %w", it.key, err)
-	}
-	if len(signed) != 1 || signed[0].GetDigest() != digest || !bytes.Equal(signed[0].GetEnvelope().GetPayload(), env.GetPayload()) {
-		return nil, fmt.Errorf("%s: the signer returned other bytes than were asked", it.key)
-	}
-	it.env = signed[0].GetEnvelope()
-	err = p.cas(ctx, it)
-	if it.written != 0 {
-		st.wrote(it.key, it.written)
-	}
-	if err != nil {
+	if err := p.signAgainAndWrite(ctx, st, it); err != nil {
 		return nil, err
 	}
 	p.cfg.Logger.InfoContext(ctx, "rebuilt a held composition that was no longer held", "key", it.key, "digest", digest)
@@ -95,4 +80,27 @@ func (p *Passer) heldOrRebuilt(ctx context.Context, st *nodeState, w *typev1.Wan
 		return c, err
 	}
 	return p.rebuildHeld(ctx, st, w)
+}
+
+// signAgainAndWrite signs a composition the key held, or must hold, again
+// (it.env is its sealed envelope, it.digest its digest) and writes it by
+// CAS at it.heldRev: the signer must return the very bytes asked, so the
+// digest wants name stays.
+func (p *Passer) signAgainAndWrite(ctx context.Context, st *nodeState, it *item) error {
+	if err := p.stillHolds(st); err != nil {
+		return fmt.Errorf("%s: not signed again: %w", it.key, err)
+	}
+	signed, err := p.cfg.Signer.SignCompositions(ctx, st.epoch, []*typev1.Composition{it.comp})
+	if err != nil {
+		return fmt.Errorf("%s: sign the held composition again: %w", it.key, err)
+	}
+	if len(signed) != 1 || signed[0].GetDigest() != it.digest || !bytes.Equal(signed[0].GetEnvelope().GetPayload(), it.env.GetPayload()) {
+		return fmt.Errorf("%s: the signer returned other bytes than were asked", it.key)
+	}
+	it.env = signed[0].GetEnvelope()
+	err = p.cas(ctx, it)
+	if it.written != 0 {
+		st.wrote(it.key, it.written)
+	}
+	return err
 }
