@@ -607,7 +607,7 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 			// One that stays in the prefix is refused too: os.Root would
 			// follow it, and the path would name another path than the
 			// one the ledger keys it by (conf.d -> ../sudoers.d).
-			p.refuse(module, throughSymlink(r.GetId(), r.GetPath(), ap, dk.target))
+			p.refuse(module, throughSymlink(r.GetId()+": "+r.GetPath(), ap, dk.target))
 			return
 		case dk.typ != state.TypeDir:
 			p.refuse(module, fail(codeWrite, "%s: %s lies on the way and is not a directory", r.GetId(), ap))
@@ -744,15 +744,16 @@ func notOursToReplace(id string, old *state.LedgerRecord, typ string) *Failure {
 	return fail(codeUnmanaged, "%s: %s is a %s the engine neither made nor adopted, not its to replace with a %s", id, old.Path, old.Type, typ)
 }
 
-// throughSymlink is the refusal of a path that passes through a symlink.
-func throughSymlink(id, p, link, target string) *Failure {
-	return fail(codeThroughSymlink, "%s: %s passes through the symlink %s -> %s: a path through a symlink would name another path", id, p, link, target)
+// throughSymlink is the refusal of a path that passes through a symlink;
+// subject names the path ("<id>: <path>" at Prepare, the path at op time).
+func throughSymlink(subject, link, target string) *Failure {
+	return fail(codeThroughSymlink, "%s passes through the symlink %s -> %s: a path through a symlink would name another path", subject, link, target)
 }
 
 func (a *Applier) lookFailure(id, p string, err error) *Failure {
 	var se *symlinkError
 	if errors.As(err, &se) {
-		return throughSymlink(id, p, se.path, se.target)
+		return throughSymlink(id+": "+p, se.path, se.target)
 	}
 	if strings.Contains(err.Error(), "escapes") {
 		return fail(codePathEscape, "%s: %s escapes its prefix: %v", id, p, err)

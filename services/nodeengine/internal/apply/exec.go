@@ -579,7 +579,7 @@ func opFailure(p string, err error) *Failure {
 	}
 	var se *symlinkError
 	if errors.As(err, &se) {
-		return fail(codeThroughSymlink, "%s passes through the symlink %s -> %s: a path through a symlink would name another path", p, se.path, se.target)
+		return throughSymlink(p, se.path, se.target)
 	}
 	return fail(codeWrite, "%s: %v", p, err)
 }
