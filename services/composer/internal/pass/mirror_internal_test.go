@@ -243,11 +243,6 @@ func TestMirrorBarrierInATenure(t *testing.T) {
 		v, ok := m.lookup(key)
 		return ok && v.put && v.sum == sum(value)
 	}
-	waitFor(t, "the mirror ready", 10*time.Second, func() (bool, string) {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return m.ready, "not ready"
-	})
 
 	if _, err := kv.Put(ctx, "a", []byte("1")); err != nil {
 		t.Fatal(err)
@@ -326,11 +321,6 @@ func TestMirrorTenureEndsAtAReconnect(t *testing.T) {
 	nc, js := testutil.ConnectJetStream(t, e)
 	ctx := context.Background()
 	m, kv, asked := countedMirror(t, js, "reconnect")
-	waitFor(t, "the mirror ready", 10*time.Second, func() (bool, string) {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return m.ready, "not ready"
-	})
 	if _, err := kv.Put(ctx, "a", []byte("1")); err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +347,7 @@ func TestMirrorTenureEndsAtAReconnect(t *testing.T) {
 	}
 }
 
-// countedMirror makes bucket and a mirror following it, and counts the
+// countedMirror makes bucket and a mirror following it (ready), and counts the
 // stream-info requests (LastSequence) its barriers make. Each barrier must
 // see the watch deliver: a slow machine must not make it time out.
 func countedMirror(t *testing.T, js jetstream.JetStream, bucket string) (*mirror, *natsx.KV, func() int) {
@@ -372,6 +362,11 @@ func countedMirror(t *testing.T, js jetstream.JetStream, bucket string) (*mirror
 	m := newMirror("test", recordSummary)
 	m.wait = 10 * time.Second
 	following(t, m, kv)
+	waitFor(t, "the mirror ready", 10*time.Second, func() (bool, string) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.ready, "not ready"
+	})
 	asked := func() int {
 		n := 0
 		for _, s := range exp.GetSpans() {
