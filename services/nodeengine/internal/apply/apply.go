@@ -317,6 +317,10 @@ type Plan struct {
 	// Removals lets paths no composition declares leave; it is off while
 	// stale or when a composition of the manifest could not be applied.
 	Removals bool
+	// Undo are paths that leave, when no composition declares them, even
+	// with Removals off: those an apply that failed part-way created for a
+	// module being rolled back (Result.Undo).
+	Undo map[string]bool
 }
 
 type stageItem struct {
@@ -544,7 +548,7 @@ func (a *Applier) Prepare(plan Plan) *Prepared {
 	if len(p.Failures) > 0 {
 		return p
 	}
-	if plan.Removals {
+	if plan.Removals || len(plan.Undo) > 0 {
 		a.prepareRemovals(p, plan, want, made)
 	}
 	sort.Strings(p.Drift)
@@ -899,6 +903,9 @@ func driftOf(old *state.LedgerRecord, dk disk, a *Applier, uid, gid int) bool {
 }
 
 func sameRecord(a, b *state.LedgerRecord) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
 	ac, bc := *a, *b
 	ac.Adopted, bc.Adopted = nil, nil
 	if ac != bc {
@@ -919,7 +926,7 @@ func (p *Prepared) addOp(op state.Op) { p.ops = append(p.ops, op) }
 func (a *Applier) prepareRemovals(p *Prepared, plan Plan, want map[string]*desired, made map[string]bool) {
 	var gone []string
 	for path := range plan.Ledger {
-		if _, ok := want[path]; ok || made[path] {
+		if _, ok := want[path]; ok || made[path] || !plan.Removals && !plan.Undo[path] {
 			continue
 		}
 		gone = append(gone, path)

@@ -221,6 +221,11 @@ type Result struct {
 	CommitErr error
 	// Journal is the journal written (nil when there were no ops).
 	Journal *state.Journal
+	// Half are the failed modules some of whose ops changed the ledger:
+	// left part-way, to be rolled back to what they had applied. Undo are
+	// the paths those ops created, which a rollback removes.
+	Half map[string]bool
+	Undo map[string]bool
 }
 
 // Execute journals the prepared ops, runs them and commits. An error means
@@ -269,10 +274,7 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 	roots := newDirRoots()
 	defer roots.reset()
 	for _, op := range j.Ops {
-		m := op.Module
-		if m == "" && op.Prev != nil {
-			m = op.Prev.Module
-		}
+		m := opModule(op)
 		rec, err := a.runOp(op, ids, roots, func(k dirKey) { syncs.add(k, m) })
 		res.Ops++
 		if a.afterOp != nil {
@@ -318,6 +320,7 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 			a.log.Error("directory fsync failed", slog.String("dir", k.path()), slog.Any("error", err))
 		}
 	}
+	res.halves(j, ledger)
 	c := &state.Commit{Compositions: map[string]*typev1.Envelope{}, ClearJournal: true}
 	for p, r := range res.Ledger {
 		if old, ok := ledger[p]; !ok || !sameRecord(old, r) {
@@ -376,6 +379,36 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 		}
 	}
 	return res
+}
+
+// opModule is the module an op is done for: a removal's is its record's.
+func opModule(op state.Op) string {
+	if op.Module == "" && op.Prev != nil {
+		return op.Prev.Module
+	}
+	return op.Module
+}
+
+// halves finds the failed modules the journal's ops left part-way (their
+// ledger records changed from before) and the paths those ops created.
+func (res *Result) halves(j *state.Journal, before map[string]*state.LedgerRecord) {
+	for _, op := range j.Ops {
+		m := opModule(op)
+		if _, failed := res.Failed[m]; !failed {
+			continue
+		}
+		was, now := before[op.Path], res.Ledger[op.Path]
+		if sameRecord(was, now) {
+			continue
+		}
+		if res.Half == nil {
+			res.Half, res.Undo = map[string]bool{}, map[string]bool{}
+		}
+		res.Half[m] = true
+		if was == nil {
+			res.Undo[op.Path] = true
+		}
+	}
 }
 
 // TempPrefix starts the name of every temp file or symlink the applier

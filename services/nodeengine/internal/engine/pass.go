@@ -179,16 +179,25 @@ func (e *Engine) replay(ctx context.Context, j *state.Journal) {
 	// A stop in the middle of a write left its temp file: the replay
 	// writes through a new one.
 	e.cfg.Applier.SweepTemps(j)
-	res := e.cfg.Applier.Replay(ctx, j, e.ledger, e.cfg.Store)
+	before := e.ledger
+	res := e.cfg.Applier.Replay(ctx, j, before, e.cfg.Store)
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if res.CommitErr != nil {
 		e.pending = j
+		e.mu.Unlock()
 		e.log.Error("committing the apply failed: the ledger is not written, nothing else is applied until it is", slog.Any("error", res.CommitErr))
 		return
 	}
 	e.pending = nil
 	e.takeResultLocked(j, res)
+	e.mu.Unlock()
+	// What could not be finished is rolled back; the next pass judges the
+	// wanted composition again and says why it is not applied.
+	back := e.rollBack(ctx, before, res)
+	for m, f := range res.Failed {
+		e.log.Error("an apply a stop left half done could not be finished for a module", slog.String("module", m),
+			slog.String("reason", f.Reason), slog.String("then", back[m]))
+	}
 }
 
 // takeResultLocked makes a committed apply of journal j (a replay) the
@@ -737,12 +746,7 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 	}
 	e.mu.Lock()
 	blocked, pending := e.blocked, e.pending
-	appliedComps := map[string]*apply.Composition{}
-	for m, env := range e.applied.Compositions {
-		c := e.appliedComps[m]
-		key, _ := names.CompositionKey(e.cfg.Node, m, c.GetFingerprint())
-		appliedComps[m] = &apply.Composition{Module: m, Key: key, Comp: c, Env: env, Parts: e.partsApplied(c)}
-	}
+	appliedComps := e.appliedLocked(nil, e.ledger)
 	e.mu.Unlock()
 	code := composerv1.ReasonCode_REASON_CODE_STATE_UNREADABLE
 	if blocked == "" && pending != nil {
@@ -924,10 +928,16 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		e.mu.Unlock()
 		return out, prep.Drift, prep.Notes
 	}
+	before := e.ledger
 	e.takeAppliedLocked(meta.Manifest, inEffect, meta.Drop, res)
 	e.mu.Unlock()
+	back := e.rollBack(ctx, before, res)
 	for m, f := range res.Failed {
-		out[m] = &outcome{state: stateFailed, code: f.Code, reason: f.Reason, want: wantOf[m]}
+		reason := f.Reason
+		if w, ok := back[m]; ok {
+			reason += "; " + w
+		}
+		out[m] = &outcome{state: stateFailed, code: f.Code, reason: reason, want: wantOf[m]}
 	}
 	if len(prep.Drift) > 0 {
 		e.log.Warn("drift found and corrected", slog.Any("paths", prep.Drift))
@@ -969,17 +979,32 @@ func (e *Engine) recorded(lv *live, fresh bool, inEffect map[string]*apply.Compo
 	return true
 }
 
+// appliedLocked returns the applied compositions (of the given modules,
+// nil: all) as an apply plans them, their parts from ledger.
+func (e *Engine) appliedLocked(only map[string]bool, ledger map[string]*state.LedgerRecord) map[string]*apply.Composition {
+	out := map[string]*apply.Composition{}
+	for m, env := range e.applied.Compositions {
+		if only != nil && !only[m] {
+			continue
+		}
+		c := e.appliedComps[m]
+		key, _ := names.CompositionKey(e.cfg.Node, m, c.GetFingerprint())
+		out[m] = &apply.Composition{Module: m, Key: key, Comp: c, Env: env, Parts: partsApplied(c, ledger)}
+	}
+	return out
+}
+
 // partsApplied returns the artifact parts an applied composition was
 // written with, from the ledger: a held module keeps what it applied, never
 // the digests of a newer want.
-func (e *Engine) partsApplied(c *typev1.Composition) map[string]*typev1.Artifact {
+func partsApplied(c *typev1.Composition, ledger map[string]*state.LedgerRecord) map[string]*typev1.Artifact {
 	out := map[string]*typev1.Artifact{}
 	for _, r := range c.GetResources() {
 		ref := r.GetArtifact()
 		if ref == "" {
 			continue
 		}
-		if rec, ok := e.ledger[r.GetPath()]; ok && rec.Type == state.TypeFile && names.ValidDigest(rec.Digest) {
+		if rec, ok := ledger[r.GetPath()]; ok && rec.Type == state.TypeFile && names.ValidDigest(rec.Digest) {
 			out[ref] = &typev1.Artifact{Ref: ref, Digest: rec.Digest, Size: rec.Size}
 		}
 	}
