@@ -102,16 +102,30 @@ func PlatformRules() Policy {
 
 // authorizer holds what both interceptors share.
 type authorizer struct {
-	policy Policy
-	log    *slog.Logger
+	policy      Policy
+	log         *slog.Logger
+	trustDomain string
 }
 
-func newAuthorizer(p Policy, log *slog.Logger) *authorizer {
+// Option configures an interceptor.
+type Option func(*authorizer)
+
+// InTrustDomain refuses callers whose identity is of another trust domain
+// (PERMISSION_DENIED): a CA bundle that also holds another trust domain's
+// CA (federation, a migration) must not give that domain's workloads the
+// roles of this one. Empty: no check.
+func InTrustDomain(td string) Option { return func(a *authorizer) { a.trustDomain = td } }
+
+func newAuthorizer(p Policy, log *slog.Logger, opts []Option) *authorizer {
 	if log == nil {
 		log = slog.Default()
 	}
 	// A copy: the policy a server was built with cannot change under it.
-	return &authorizer{policy: Merge(p), log: log}
+	a := &authorizer{policy: Merge(p), log: log}
+	for _, o := range opts {
+		o(a)
+	}
+	return a
 }
 
 // authorize reads the caller and checks its role; the rule is returned for
@@ -121,6 +135,10 @@ func (a *authorizer) authorize(ctx context.Context, method string) (identity.Ide
 	if err != nil {
 		a.deny(ctx, method, "", err.Error())
 		return identity.Identity{}, Rule{}, status.Errorf(codes.Unauthenticated, "no valid identity: %v", err)
+	}
+	if a.trustDomain != "" && id.TrustDomain != a.trustDomain {
+		a.deny(ctx, method, id.String(), "trust domain "+id.TrustDomain)
+		return identity.Identity{}, Rule{}, status.Errorf(codes.PermissionDenied, "%s is of trust domain %q; this server serves %q", id.URI(), id.TrustDomain, a.trustDomain)
 	}
 	rule, ok := a.policy[method]
 	if !ok {
@@ -167,8 +185,8 @@ func (a *authorizer) deny(ctx context.Context, method, caller, reason string) {
 // the caller's role is not listed or node:self fails. Denials are logged to
 // log (slog.Default when nil) with method, caller and reason. The handler's
 // context carries the caller's identity (identity.FromContext).
-func UnaryInterceptor(p Policy, log *slog.Logger) grpc.UnaryServerInterceptor {
-	a := newAuthorizer(p, log)
+func UnaryInterceptor(p Policy, log *slog.Logger, opts ...Option) grpc.UnaryServerInterceptor {
+	a := newAuthorizer(p, log, opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		id, rule, err := a.authorize(ctx, info.FullMethod)
 		if err != nil {
@@ -186,8 +204,8 @@ func UnaryInterceptor(p Policy, log *slog.Logger) grpc.UnaryServerInterceptor {
 // covers server-streaming methods and the opening message of bidirectional
 // ones (its error comes back from RecvMsg, and a handler must return it as
 // is); later messages are the handler's to check with CheckSelf.
-func StreamInterceptor(p Policy, log *slog.Logger) grpc.StreamServerInterceptor {
-	a := newAuthorizer(p, log)
+func StreamInterceptor(p Policy, log *slog.Logger, opts ...Option) grpc.StreamServerInterceptor {
+	a := newAuthorizer(p, log, opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx := ss.Context()
 		id, rule, err := a.authorize(ctx, info.FullMethod)

@@ -8,6 +8,7 @@ package grpcserver
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -33,6 +34,7 @@ import (
 
 	"mesh.dev/internal/authz"
 	"mesh.dev/internal/grpcclient"
+	"mesh.dev/internal/identity"
 	"mesh.dev/internal/telemetry"
 )
 
@@ -122,6 +124,10 @@ func Build(cfg Config, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 		cfg.GracePeriod = DefaultGracePeriod
 	}
 	policy := authz.Merge(authz.PlatformRules(), cfg.Policy)
+	td, err := ownTrustDomain(tlsCfg)
+	if err != nil {
+		return nil, fmt.Errorf("grpcserver: %w", err)
+	}
 
 	// The propagator is set here rather than taken from the otel global
 	// (see grpcclient.Dial).
@@ -154,8 +160,8 @@ func Build(cfg Config, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelOpts...)),
 		// Recovery is outermost so that a panic in authorization (a
 		// NodeSelf extractor, say) is caught too.
-		grpc.ChainUnaryInterceptor(recoverUnary(log), authz.UnaryInterceptor(policy, log)),
-		grpc.ChainStreamInterceptor(recoverStream(log), authz.StreamInterceptor(policy, log)),
+		grpc.ChainUnaryInterceptor(recoverUnary(log), authz.UnaryInterceptor(policy, log, authz.InTrustDomain(td))),
+		grpc.ChainStreamInterceptor(recoverStream(log), authz.StreamInterceptor(policy, log, authz.InTrustDomain(td))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             grpcclient.KeepaliveMinTime,
 			PermitWithoutStream: false,
@@ -209,6 +215,38 @@ func Build(cfg Config, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 // checkTLS refuses configs that would let a client in without a verified
 // certificate or below TLS 1.3, and returns a copy whose per-client configs
 // are held to the same.
+// ownTrustDomain reads the trust domain of the server's own certificate:
+// callers of another are refused. A config that picks its certificate per
+// client (GetConfigForClient) has none to read, and no check.
+func ownTrustDomain(c *tls.Config) (string, error) {
+	var cert *tls.Certificate
+	switch {
+	case c.GetCertificate != nil:
+		got, err := c.GetCertificate(&tls.ClientHelloInfo{})
+		if err != nil {
+			return "", fmt.Errorf("server certificate: %w", err)
+		}
+		cert = got
+	case len(c.Certificates) > 0:
+		cert = &c.Certificates[0]
+	}
+	if cert == nil || len(cert.Certificate) == 0 {
+		return "", nil
+	}
+	leaf := cert.Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return "", fmt.Errorf("server certificate: %w", err)
+		}
+	}
+	id, err := identity.FromCertificate(leaf)
+	if err != nil {
+		return "", fmt.Errorf("server certificate: %w", err)
+	}
+	return id.TrustDomain, nil
+}
+
 func checkTLS(c *tls.Config) (*tls.Config, error) {
 	if c == nil {
 		return nil, errors.New("no tls config: mesh servers require mutual TLS")

@@ -27,6 +27,7 @@ import (
 	"mesh.dev/internal/authz"
 	"mesh.dev/internal/grpcserver"
 	"mesh.dev/internal/identity"
+	"mesh.dev/internal/pki"
 	"mesh.dev/internal/testutil"
 	signerv1 "mesh.dev/proto/mesh/signer/v1"
 )
@@ -485,5 +486,50 @@ func TestGrpcurl(t *testing.T) {
 				t.Fatalf("grpcurl %v printed %s, want %q in it", tt.args, out, tt.want)
 			}
 		})
+	}
+}
+
+// TestCallerOfAnotherTrustDomainRefused: a server whose CA bundle also
+// holds another trust domain's CA (federation, a migration) completes the
+// handshake of that domain's workloads, but gives them none of its roles.
+func TestCallerOfAnotherTrustDomainRefused(t *testing.T) {
+	t.Parallel()
+	p := testutil.NewPKI(t)
+	other, err := pki.NewCA("other.test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := p.ServerTLS(t, p.Identity(identity.RoleSigner, ""))
+	cfg.ClientCAs.AddCert(other.Certificate())
+	s, err := grpcserver.Build(grpcserver.Config{Addr: "127.0.0.1:0", TLS: cfg, Policy: signerPolicy()},
+		registerSigner(signerv1.UnimplementedSignerServiceServer{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go s.Serve(ctx)
+	t.Cleanup(cancel)
+
+	composer := identity.Identity{TrustDomain: "other.test", Role: identity.RoleComposer, Name: "composer"}
+	certPEM, keyPEM, err := other.Issue(composer, pki.IssueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientCfg, err := pki.ClientTLSFromPEM(certPEM, keyPEM, p.CA.CertPEM())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = signerv1.NewSignerServiceClient(testutil.DialTLS(t, a.String(), clientCfg)).GetKeyset(t.Context(), &signerv1.GetKeysetRequest{})
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `spiffe://other.test/service/composer is of trust domain "other.test"; this server serves "mesh.test"`) {
+		t.Fatalf("a composer of another trust domain: %v, want PermissionDenied naming both trust domains", err)
+	}
+	// The same role in the server's trust domain passes authorization.
+	_, err = signerv1.NewSignerServiceClient(testutil.DialTLS(t, a.String(), p.ClientTLS(t, p.Identity(identity.RoleComposer, "")))).GetKeyset(t.Context(), &signerv1.GetKeysetRequest{})
+	if status.Code(err) != codes.Unimplemented {
+		t.Fatalf("a composer of the server's trust domain: %v, want Unimplemented (authorized)", err)
 	}
 }
