@@ -139,9 +139,3 @@ func (k *Keysets) Reload(now time.Time) (bool, error) {
 	}
 	return true, nil
 }
-
-// SigningKey returns the signer's key as the current keyset lists it.
-func (k *Keysets) SigningKey() *typev1.KeysetKey {
-	key, _ := k.Current().Key(k.keyID)
-	return key
-}

@@ -212,8 +212,10 @@ func traceID(ctx context.Context) string {
 // Both are checked at start; this catches a keyset or key that lapses while
 // the signer runs, so nothing is signed that every engine would refuse.
 func (s *Server) signingKeyValid(now time.Time) (*typev1.KeysetKey, error) {
+	// One keyset for every check: a reload in between must not pair one
+	// version's key with another's expiry.
 	ring := s.cfg.Keysets.Current()
-	key := s.cfg.Keysets.SigningKey()
+	key, _ := ring.Key(s.cfg.Keysets.keyID)
 	switch {
 	case key == nil || key.GetState() != typev1.KeyState_KEY_STATE_ACTIVE:
 		return nil, fmt.Errorf("%w: the signer's key is not ACTIVE in keyset version %d", errPrecondition, ring.Version())
