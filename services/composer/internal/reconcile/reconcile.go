@@ -98,6 +98,8 @@ type Reconciler struct {
 	nextVisit map[string]time.Time
 	// failures counts each node's passes failed in a row.
 	failures map[string]int
+	// refresh stands in for the Passer's RefreshStatus in tests.
+	refresh func(ctx context.Context, node string) error
 }
 
 // New returns a Reconciler.
@@ -518,15 +520,55 @@ func (r *Reconciler) watchHaves(ctx context.Context) error {
 			// (written while it caught up, an engine's first report after
 			// a restart) would otherwise leave the status it wrote from
 			// the record before until the next full visit.
-			if err := r.cfg.Passer.RefreshStatus(tctx, e.Key); err != nil {
-				r.cfg.Logger.Warn("refresh status", "node", e.Key, "error", err)
-			}
+			r.refreshStatus(tctx, e.Key)
 		}
 	}
 	if ctx.Err() != nil {
 		return nil
 	}
 	return errors.Join(errors.New("haves watch ended"), w.Err())
+}
+
+// refreshStatus rewrites a node's status from its assignment and the haves
+// record just delivered, never beside a pass of the node: a refresh that
+// read the assignment before a pass committed a new one would write, after
+// the pass's status, a status of the old one. While a pass is queued it
+// writes the status itself (passes take the watched record); while one
+// runs (it may have decided on the record before) the node is passed over
+// again after it; otherwise the node is held as running for the refresh.
+func (r *Reconciler) refreshStatus(ctx context.Context, node string) {
+	r.mu.Lock()
+	_, pending := r.pending[node]
+	running := r.running[node]
+	if !pending && !running {
+		r.running[node] = true
+	}
+	r.mu.Unlock()
+	switch {
+	case pending:
+		return
+	case running:
+		r.Enqueue(ctx, node, "engine reported while its node was passed over")
+		return
+	}
+	refresh := r.refresh
+	if refresh == nil {
+		refresh = r.cfg.Passer.RefreshStatus
+	}
+	if err := refresh(ctx, node); err != nil {
+		r.cfg.Logger.Warn("refresh status", "node", node, "error", err)
+	}
+	r.mu.Lock()
+	delete(r.running, node)
+	if again, ok := r.dirty[node]; ok {
+		delete(r.dirty, node)
+		r.queueLocked(node, again)
+	}
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
 }
 
 // Lead runs passes while ctx (the lease tenure) lasts: a full reconcile at

@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"context"
 	"slices"
 	"testing"
 	"time"
@@ -162,3 +163,58 @@ type testError struct{}
 func (testError) Error() string { return "test" }
 
 var errTest error = testError{}
+
+// TestStatusRefreshNeverBesideAPass: a refresh that read the assignment
+// before a pass committed a new one would write a status of the old one
+// after the pass's. A refresh is skipped while a pass is queued (it writes
+// the status), becomes a pass after the running one, and otherwise holds
+// the node so a pass queued meanwhile runs after it.
+func TestStatusRefreshNeverBesideAPass(t *testing.T) {
+	t.Parallel()
+	r := New(Config{})
+	ctx := t.Context()
+	var refreshed []string
+	r.refresh = func(_ context.Context, node string) error {
+		refreshed = append(refreshed, node)
+		r.mu.Lock()
+		held := r.running[node]
+		r.mu.Unlock()
+		if !held {
+			t.Errorf("%s refreshed while not held as running", node)
+		}
+		// A change while the refresh runs: its pass waits for it.
+		r.Enqueue(ctx, node, "module registered")
+		r.mu.Lock()
+		_, queued := r.pending[node]
+		r.mu.Unlock()
+		if queued {
+			t.Errorf("%s queued for a pass while its status is refreshed", node)
+		}
+		return nil
+	}
+
+	r.Enqueue(ctx, "queued", "module registered")
+	r.refreshStatus(ctx, "queued")
+
+	r.mu.Lock()
+	r.running["busy"] = true
+	r.mu.Unlock()
+	r.refreshStatus(ctx, "busy")
+
+	r.refreshStatus(ctx, "idle")
+
+	if !slices.Equal(refreshed, []string{"idle"}) {
+		t.Errorf("refreshed %v, want only the node neither queued nor passed over", refreshed)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.dirty["busy"]; !ok {
+		t.Error("the node passed over is not passed over again after")
+	}
+	if r.running["idle"] {
+		t.Error("the refreshed node is still held")
+	}
+	if _, ok := r.pending["idle"]; !ok {
+		t.Error("the change that came during the refresh is not queued after it")
+	}
+}
