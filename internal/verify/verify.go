@@ -259,8 +259,8 @@ func keepFirst(first, err error) error {
 }
 
 // Manifest verifies a signed manifest for a node at now: the signature (by a
-// key usable at now), the node, expiry with Skew allowed, issue time no more
-// than MaxAhead in the future, the keyset's revision floor and the wants'
+// key usable at now), the node, expiry with Skew allowed, issue time and
+// revision (as milliseconds since 1970) no more than MaxAhead in the future, the keyset's revision floor and the wants'
 // form. Revision ordering against what the node holds is the caller's.
 func (k *Keyring) Manifest(env *typev1.Envelope, node string, now time.Time) (*typev1.Manifest, string, error) {
 	if _, err := k.Verify(env, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, now); err != nil {
@@ -289,7 +289,7 @@ func (k *Keyring) Recheck(keyID string, m *typev1.Manifest, node string, now tim
 
 // CheckManifest makes the checks of Manifest but the signature's on a
 // manifest opened from an envelope Verify accepted: the node, expiry with
-// Skew allowed, issue time no more than MaxAhead in the future, the
+// Skew allowed, issue time and revision no more than MaxAhead in the future, the
 // keyset's revision floor and the wants' form.
 func (k *Keyring) CheckManifest(m *typev1.Manifest, node string, now time.Time) error {
 	if m.GetNode() != node {
@@ -300,6 +300,13 @@ func (k *Keyring) CheckManifest(m *typev1.Manifest, node string, now time.Time) 
 	}
 	if iss := m.GetIssuedAt(); iss == nil || iss.AsTime().After(now.Add(MaxAhead)) {
 		return fmt.Errorf("%w: revision %d issued at %s, more than %s ahead", ErrFastForward, m.GetRevision(), iss.AsTime().UTC().Format(time.RFC3339), MaxAhead)
+	}
+	// A revision is milliseconds since 1970 at the latest (the signer's
+	// max(last + 1, floor, unix ms), its floor refused beyond MaxAhead): one
+	// further ahead, taken, would raise the node's high-water so far that
+	// no honest manifest could follow it.
+	if limit := now.Add(MaxAhead).UnixMilli(); limit > 0 && m.GetRevision() > uint64(limit) {
+		return fmt.Errorf("%w: revision %d is beyond %d, milliseconds since 1970 %s from now: no signer issues it", ErrFastForward, m.GetRevision(), limit, MaxAhead)
 	}
 	if m.GetRevision() < k.keyset.GetRevisionFloor() {
 		return fmt.Errorf("%w: revision %d < floor %d", ErrBelowFloor, m.GetRevision(), k.keyset.GetRevisionFloor())

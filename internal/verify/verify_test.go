@@ -3,6 +3,7 @@ package verify_test
 import (
 	"crypto/ed25519"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -154,6 +155,9 @@ func TestManifestVerification(t *testing.T) {
 		{"expired beyond skew", ring, signed(manifestFor("ace", 10, now.Add(-48*time.Hour), now.Add(-61*time.Minute), want)), "ace", verify.ErrExpired},
 		{"expired within skew", ring, signed(manifestFor("ace", 10, now.Add(-48*time.Hour), now.Add(-59*time.Minute), want)), "ace", nil},
 		{"fast-forward", ring, signed(manifestFor("ace", 10, now.Add(25*time.Hour), now.Add(50*time.Hour), want)), "ace", verify.ErrFastForward},
+		{"revision fast-forward", ring, signed(manifestFor("ace", uint64(now.Add(verify.MaxAhead+time.Second).UnixMilli()), now, now.Add(time.Hour), want)), "ace", verify.ErrFastForward},
+		{"largest revision", ring, signed(manifestFor("ace", math.MaxUint64, now, now.Add(time.Hour), want)), "ace", verify.ErrFastForward},
+		{"revision within a day ahead", ring, signed(manifestFor("ace", uint64(now.Add(verify.MaxAhead-time.Second).UnixMilli()), now, now.Add(time.Hour), want)), "ace", nil},
 		{"composition posing as manifest", ring, tamper(compEnv, func(e *typev1.Envelope) { e.PayloadType = typev1.PayloadType_PAYLOAD_TYPE_MANIFEST }), "ace", verify.ErrSignature},
 		{"retired key past not_after", ring2, byKey(retiredKey, good), "ace", verify.ErrKeyNotValid},
 		{"retired key before not_after", ring2, byKey(retiredLiveKey, good), "ace", nil},
