@@ -156,20 +156,27 @@ func TestRenew(t *testing.T) {
 	expires := a.expires
 	a.mu.Unlock()
 	for i := range 2 {
+		// The renewal is written, then its expiry taken once the write
+		// returned: a store that shows the write is not yet an expiry
+		// moved.
+		var renewed time.Time
 		waitFor(t, fmt.Sprintf("renewal %d", i+1), 2*ttl, func() (bool, string) {
 			_, e, ok := stored(t, kv)
-			return ok && e.Revision > first.Revision, "not renewed yet"
+			a.mu.Lock()
+			renewed = a.expires
+			a.mu.Unlock()
+			switch {
+			case !ok || e.Revision <= first.Revision:
+				return false, "not renewed yet"
+			case !renewed.After(expires):
+				return false, fmt.Sprintf("renewed in the store, the expiry still %s", renewed)
+			}
+			return true, ""
 		})
 		r, e, _ := stored(t, kv)
 		first = e
 		if r.Holder != "a" || r.Epoch != 1 {
 			t.Errorf("renewal %d wrote %+v", i+1, r)
-		}
-		a.mu.Lock()
-		renewed := a.expires
-		a.mu.Unlock()
-		if !renewed.After(expires) {
-			t.Errorf("renewal %d left the expiry at %s", i+1, renewed)
 		}
 		expires = renewed
 	}
