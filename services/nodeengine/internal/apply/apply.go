@@ -97,6 +97,10 @@ type Config struct {
 	// run, with the ops done and the journal's count (a test hook: the
 	// fault harness kills the engine there; nil in production).
 	AfterOp func(done, total int)
+	// DirSyncFault, when set, is asked after each directory fsync of an
+	// apply; an error it returns counts as the fsync's (a test hook; nil
+	// in production).
+	DirSyncFault func(dir string) error
 }
 
 type prefix struct {
@@ -115,6 +119,7 @@ type Applier struct {
 	log        *slog.Logger
 	euid, egid int
 	afterOp    func(done, total int)
+	syncFault  func(dir string) error
 
 	mu     sync.Mutex
 	warned map[string]bool
@@ -136,7 +141,7 @@ func New(cfg Config) (*Applier, error) {
 	}
 	a := &Applier{
 		stageDir: filepath.Join(cfg.StateDir, "stage"), adoptedDir: filepath.Join(cfg.StateDir, "adopted"),
-		log: cfg.Logger, euid: os.Geteuid(), egid: os.Getegid(), warned: map[string]bool{}, afterOp: cfg.AfterOp,
+		log: cfg.Logger, euid: os.Geteuid(), egid: os.Getegid(), warned: map[string]bool{}, afterOp: cfg.AfterOp, syncFault: cfg.DirSyncFault,
 	}
 	for _, d := range []string{a.stageDir, a.adoptedDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -319,8 +324,12 @@ type Plan struct {
 	Removals bool
 	// Undo are paths that leave, when no composition declares them, even
 	// with Removals off: those an apply that failed part-way created for a
-	// module being rolled back (Result.Undo).
+	// module being rolled back (state.Rollback).
 	Undo map[string]bool
+	// Adoption adds to the adoption list of the node's own composition in
+	// Compositions: a plan without it (a rollback of other modules) keeps
+	// the node's adopted paths adoptable.
+	Adoption []string
 }
 
 type stageItem struct {
@@ -472,6 +481,9 @@ func (a *Applier) Prepare(plan Plan) *Prepared {
 	want := map[string]*desired{}
 	var order []*desired
 	adoption := map[string]bool{}
+	for _, ap := range plan.Adoption {
+		adoption[ap] = true
+	}
 	for _, c := range plan.Compositions {
 		p.mods[c.Module] = c
 		if c.Module == names.NodeModule {

@@ -204,6 +204,9 @@ type Meta struct {
 	// Drop lists modules whose applied composition goes.
 	Drop        []string
 	Traceparent string
+	// Settle are the modules that leave the kept rollback when none of
+	// their ops fails (state.Journal.Settle).
+	Settle []string
 }
 
 // Result is what an Execute (or Replay) did.
@@ -221,17 +224,18 @@ type Result struct {
 	CommitErr error
 	// Journal is the journal written (nil when there were no ops).
 	Journal *state.Journal
-	// Half are the failed modules some of whose ops changed the ledger:
-	// left part-way, to be rolled back to what they had applied. Undo are
-	// the paths those ops created, which a rollback removes.
-	Half map[string]bool
-	Undo map[string]bool
+	// Rollback are the modules of the journal's compositions this apply
+	// left part-way (an op failed after others changed the ledger), with
+	// the records before of the paths those ops changed; Settled the
+	// modules that left the kept rollback. The commit records both.
+	Rollback *state.Rollback
+	Settled  []string
 }
 
 // Execute journals the prepared ops, runs them and commits. An error means
 // the journal could not be written and nothing was touched.
 func (a *Applier) Execute(ctx context.Context, p *Prepared, ledger map[string]*state.LedgerRecord, store Store, meta Meta) (*Result, error) {
-	j := &state.Journal{ID: randHex(), Revision: meta.Revision, Ops: p.ops, Compositions: map[string][]byte{}, Drop: meta.Drop, Traceparent: meta.Traceparent}
+	j := &state.Journal{ID: randHex(), Revision: meta.Revision, Ops: p.ops, Compositions: map[string][]byte{}, Drop: meta.Drop, Traceparent: meta.Traceparent, Settle: meta.Settle}
 	if meta.Manifest != nil {
 		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(meta.Manifest)
 		if err != nil {
@@ -273,6 +277,9 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 	syncs := &dirSyncs{modules: map[dirKey][]string{}}
 	roots := newDirRoots()
 	defer roots.reset()
+	// opFailed are the modules an op failed for (not only a directory's
+	// fsync): those may be left part-way.
+	opFailed := map[string]bool{}
 	for _, op := range j.Ops {
 		m := opModule(op)
 		rec, err := a.runOp(op, ids, roots, func(k dirKey) { syncs.add(k, m) })
@@ -281,6 +288,7 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 			a.afterOp(res.Ops, len(j.Ops))
 		}
 		if err != nil {
+			opFailed[m] = true
 			if _, ok := res.Failed[m]; !ok {
 				res.Failed[m] = opFailure(op.Path, err)
 			}
@@ -305,6 +313,9 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 		if err == nil {
 			err = syncDir(r)
 		}
+		if err == nil && a.syncFault != nil {
+			err = a.syncFault(k.path())
+		}
 		var se *symlinkError
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || errors.As(err, &se) {
 			// A later op removed or replaced it: that op changed its
@@ -320,8 +331,13 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 			a.log.Error("directory fsync failed", slog.String("dir", k.path()), slog.Any("error", err))
 		}
 	}
-	res.halves(j, ledger)
-	c := &state.Commit{Compositions: map[string]*typev1.Envelope{}, ClearJournal: true}
+	res.Rollback = halves(j, ledger, res, opFailed)
+	for _, m := range j.Settle {
+		if _, failed := res.Failed[m]; !failed {
+			res.Settled = append(res.Settled, m)
+		}
+	}
+	c := &state.Commit{Compositions: map[string]*typev1.Envelope{}, ClearJournal: true, Rollback: res.Rollback, Settled: res.Settled}
 	for p, r := range res.Ledger {
 		if old, ok := ledger[p]; !ok || !sameRecord(old, r) {
 			c.LedgerPut = append(c.LedgerPut, r)
@@ -389,26 +405,30 @@ func opModule(op state.Op) string {
 	return op.Module
 }
 
-// halves finds the failed modules the journal's ops left part-way (their
-// ledger records changed from before) and the paths those ops created.
-func (res *Result) halves(j *state.Journal, before map[string]*state.LedgerRecord) {
+// halves finds the modules of the journal's compositions an op failed for
+// after others of theirs changed the ledger (left part-way), with the
+// records before of the paths their ops changed. A module whose ops all
+// ran and only a directory's fsync failed is not half: its next pass
+// syncs it. A module leaving (no composition in the journal) whose
+// removal failed is not either: the next pass removes it again.
+func halves(j *state.Journal, before map[string]*state.LedgerRecord, res *Result, opFailed map[string]bool) *state.Rollback {
+	var rb *state.Rollback
 	for _, op := range j.Ops {
 		m := opModule(op)
-		if _, failed := res.Failed[m]; !failed {
+		if _, applying := j.Compositions[m]; !applying || !opFailed[m] {
 			continue
 		}
 		was, now := before[op.Path], res.Ledger[op.Path]
 		if sameRecord(was, now) {
 			continue
 		}
-		if res.Half == nil {
-			res.Half, res.Undo = map[string]bool{}, map[string]bool{}
+		if rb == nil {
+			rb = &state.Rollback{Modules: map[string]string{}, Paths: map[string]state.RollbackPath{}}
 		}
-		res.Half[m] = true
-		if was == nil {
-			res.Undo[op.Path] = true
-		}
+		rb.Modules[m] = res.Failed[m].Reason
+		rb.Paths[op.Path] = state.RollbackPath{Module: m, Before: was}
 	}
+	return rb
 }
 
 // TempPrefix starts the name of every temp file or symlink the applier

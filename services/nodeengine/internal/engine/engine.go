@@ -144,6 +144,9 @@ type Engine struct {
 	// heldJournal is the journal of an apply a stop left half done, kept
 	// while a section blocks the engine: replayed once nothing does.
 	heldJournal *state.Journal
+	// rollback is the kept record of the modules applies left part-way,
+	// rolled back first thing each pass until they are (rollBack).
+	rollback *state.Rollback
 	// Writes of entries and wants that failed, retried each pass; said
 	// once per key.
 	dirtyEntries map[string]entries.Row
@@ -307,6 +310,11 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		e.heldJournal = kept.Journal
 	default:
 		cfg.Applier.ClearStage()
+		if e.blocked == "" {
+			// A stop after an apply left a module part-way, before it
+			// was rolled back (replay rolls back after itself).
+			e.rollBack(ctx)
+		}
 	}
 	// Until the first pass has judged anything, the haves say what the
 	// kept state holds applied: a Hello the Sync client sends before that
@@ -330,6 +338,7 @@ func (e *Engine) loadKept(k *state.Kept) {
 	e.keptWants = k.Wants
 	e.hw, e.hwErr = k.HighWater, k.HighWaterErr
 	e.ledger, e.ledgerErr = k.Ledger, k.LedgerErr
+	e.rollback = k.Rollback
 	e.applied, e.appliedErr = k.Applied, k.AppliedErr
 	e.keysetErr = k.KeysetErr
 	e.reportSeq = k.ReportSeq

@@ -58,6 +58,8 @@ type unitWorld struct {
 	prefs []string
 	dir   string
 	after func(done, total int)
+	// syncFault fails the directory fsyncs it returns an error for.
+	syncFault func(dir string) error
 	// ks is the keyset version the manifests are signed under.
 	ks uint64
 	// logs holds what the engines logged, as text.
@@ -130,7 +132,7 @@ func (w *unitWorld) start() {
 	}
 	w.db = db
 	log := slog.New(slog.NewTextHandler(&w.logs, nil))
-	a, err := apply.New(apply.Config{Root: w.root, Prefixes: w.prefs, StateDir: stateDir, Logger: log, AfterOp: w.after})
+	a, err := apply.New(apply.Config{Root: w.root, Prefixes: w.prefs, StateDir: stateDir, Logger: log, AfterOp: w.after, DirSyncFault: w.syncFault})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -179,8 +179,7 @@ func (e *Engine) replay(ctx context.Context, j *state.Journal) {
 	// A stop in the middle of a write left its temp file: the replay
 	// writes through a new one.
 	e.cfg.Applier.SweepTemps(j)
-	before := e.ledger
-	res := e.cfg.Applier.Replay(ctx, j, before, e.cfg.Store)
+	res := e.cfg.Applier.Replay(ctx, j, e.ledger, e.cfg.Store)
 	e.mu.Lock()
 	if res.CommitErr != nil {
 		e.pending = j
@@ -191,13 +190,12 @@ func (e *Engine) replay(ctx context.Context, j *state.Journal) {
 	e.pending = nil
 	e.takeResultLocked(j, res)
 	e.mu.Unlock()
-	// What could not be finished is rolled back; the next pass judges the
-	// wanted composition again and says why it is not applied.
-	back := e.rollBack(ctx, before, res)
 	for m, f := range res.Failed {
-		e.log.Error("an apply a stop left half done could not be finished for a module", slog.String("module", m),
-			slog.String("reason", f.Reason), slog.String("then", back[m]))
+		e.log.Error("an apply a stop left half done could not be finished for a module", slog.String("module", m), slog.String("reason", f.Reason))
 	}
+	// What could not be finished is rolled back at once; the next pass
+	// judges the wanted composition again and says why it is not applied.
+	e.rollBack(ctx)
 }
 
 // takeResultLocked makes a committed apply of journal j (a replay) the
@@ -232,6 +230,7 @@ func (e *Engine) takeResultLocked(j *state.Journal, res *apply.Result) {
 // holds them decoded (the journal's bytes are the same envelopes).
 func (e *Engine) takeAppliedLocked(manifest *typev1.Envelope, inEffect map[string]*apply.Composition, drop []string, res *apply.Result) {
 	e.ledger = res.Ledger
+	e.rollback = e.rollback.Merge(res.Rollback, res.Settled)
 	if manifest != nil {
 		e.applied.Manifest = manifest
 	}
@@ -746,7 +745,6 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 	}
 	e.mu.Lock()
 	blocked, pending := e.blocked, e.pending
-	appliedComps := e.appliedLocked(nil, e.ledger)
 	e.mu.Unlock()
 	code := composerv1.ReasonCode_REASON_CODE_STATE_UNREADABLE
 	if blocked == "" && pending != nil {
@@ -766,6 +764,30 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		}
 		return out, nil, nil
 	}
+	// What an apply left part-way is rolled back before anything else;
+	// a module still kept so then says why at the end of the pass.
+	rolled := e.rollBack(ctx)
+	defer func() {
+		e.mu.Lock()
+		rb := e.rollback
+		e.mu.Unlock()
+		for m, words := range rolled {
+			if o, ok := out[m]; ok {
+				o.reason += "; " + words
+			} else if _, still := rb.Modules[m]; still {
+				out[m] = &outcome{state: stateFailed, code: composerv1.ReasonCode_REASON_CODE_WRITE_FAILED, reason: words, want: wantOf[m]}
+			}
+		}
+	}()
+	e.mu.Lock()
+	// A module left part-way keeps the composition it had applied, with
+	// the artifact digests it was written with.
+	appliedComps := e.appliedLocked(nil, beforeView(e.ledger, e.rollback))
+	var halfBefore map[string]string
+	if e.rollback != nil {
+		halfBefore = e.rollback.Modules
+	}
+	e.mu.Unlock()
 
 	fresh := lv != nil && stale == "" && ring != nil
 	inEffect := map[string]*apply.Composition{}
@@ -892,6 +914,15 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		return out, prep.Drift, prep.Notes
 	}
 	meta := apply.Meta{}
+	for m, c := range inEffect {
+		// A module left part-way is whole once its wanted composition
+		// applies; its applied one again is not enough (what the apply
+		// created stays until rolled back).
+		if _, half := halfBefore[m]; half && c != appliedComps[m] {
+			meta.Settle = append(meta.Settle, m)
+		}
+	}
+	sort.Strings(meta.Settle)
 	if fresh {
 		meta.Revision = lv.manifest.GetRevision()
 		meta.Traceparent, _ = telemetry.Traceparent(ctx)
@@ -928,16 +959,18 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		e.mu.Unlock()
 		return out, prep.Drift, prep.Notes
 	}
-	before := e.ledger
 	e.takeAppliedLocked(meta.Manifest, inEffect, meta.Drop, res)
 	e.mu.Unlock()
-	back := e.rollBack(ctx, before, res)
 	for m, f := range res.Failed {
-		reason := f.Reason
-		if w, ok := back[m]; ok {
-			reason += "; " + w
+		out[m] = &outcome{state: stateFailed, code: f.Code, reason: f.Reason, want: wantOf[m]}
+	}
+	if !res.Rollback.Empty() {
+		// Not left half until the next pass: rolled back at once.
+		for m, words := range e.rollBack(ctx) {
+			if o, ok := out[m]; ok {
+				o.reason += "; " + words
+			}
 		}
-		out[m] = &outcome{state: stateFailed, code: f.Code, reason: reason, want: wantOf[m]}
 	}
 	if len(prep.Drift) > 0 {
 		e.log.Warn("drift found and corrected", slog.Any("paths", prep.Drift))
@@ -979,12 +1012,12 @@ func (e *Engine) recorded(lv *live, fresh bool, inEffect map[string]*apply.Compo
 	return true
 }
 
-// appliedLocked returns the applied compositions (of the given modules,
-// nil: all) as an apply plans them, their parts from ledger.
-func (e *Engine) appliedLocked(only map[string]bool, ledger map[string]*state.LedgerRecord) map[string]*apply.Composition {
+// appliedLocked returns the applied compositions (of the modules only
+// names, nil: all) as an apply plans them, their parts from ledger.
+func (e *Engine) appliedLocked(only map[string]string, ledger map[string]*state.LedgerRecord) map[string]*apply.Composition {
 	out := map[string]*apply.Composition{}
 	for m, env := range e.applied.Compositions {
-		if only != nil && !only[m] {
+		if _, ok := only[m]; only != nil && !ok {
 			continue
 		}
 		c := e.appliedComps[m]

@@ -6,88 +6,169 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 
 	"mesh.dev/internal/envelope"
+	"mesh.dev/internal/names"
 	"mesh.dev/internal/telemetry"
 	"mesh.dev/services/nodeengine/internal/apply"
 	"mesh.dev/services/nodeengine/internal/state"
 )
 
-// rollBack puts the modules an apply left part-way back to what they had
-// applied before it (DESIGN.md §7: an apply is never left half). An op that
-// fails (a file that appeared on a new path while the engine was down, a
-// full disk, a directory that does not sync) leaves its module's earlier
-// ops done: the module's previous composition, with the artifact digests it
-// was written with (from before, the ledger before the apply), is applied
-// again over them and the paths they created are removed. A module that
-// had nothing applied before loses what the apply created. It returns, per
-// module, the words to add to its failure. It is called with the apply
-// committed, e.ledger its ledger.
-func (e *Engine) rollBack(ctx context.Context, before map[string]*state.LedgerRecord, res *apply.Result) map[string]string {
-	if len(res.Half) == 0 {
+// rollBack puts the modules applies left part-way back to what they had
+// applied before (DESIGN.md §7: an apply is never left half). An op can fail
+// after others of its module were done: a file that appeared on a new path
+// while the engine was down after a crash (the replay cannot finish), or
+// between Prepare and Execute, a full disk. The apply's commit keeps such
+// modules, with the ledger records before of the paths their ops changed,
+// in the journal section (state.Rollback); this applies each one's
+// previously applied composition again, its artifact digests taken from
+// those records, and removes the paths the apply created. A module that
+// had nothing applied loses what the apply created. It runs right after
+// such an apply and first thing each pass while any is kept, so a crash
+// or a failure in between is rolled back later, and a module stays in the
+// record until rolled back or applied whole. A path that moved to the
+// module from another in that apply stays: the manifest declares it there.
+//
+// It returns, per module of the record, words to add to its failure.
+func (e *Engine) rollBack(ctx context.Context) map[string]string {
+	e.mu.Lock()
+	rb := e.rollback
+	if rb.Empty() {
+		e.mu.Unlock()
 		return nil
 	}
-	e.mu.Lock()
-	comps := e.appliedLocked(res.Half, before)
 	ledger := e.ledger
+	comps := e.appliedLocked(rb.Modules, beforeView(ledger, rb))
+	var adoption []string
+	if c, ok := e.appliedComps[names.NodeModule]; ok {
+		adoption = c.GetAdoption()
+	}
 	e.mu.Unlock()
+
 	words := map[string]string{}
-	failAll := func(why string) map[string]string {
-		for m := range res.Half {
-			words[m] = "left part-way: rolling it back failed: " + why
-		}
-		return words
+	left := map[string]bool{}
+	for m := range rb.Modules {
+		left[m] = true
 	}
-	// A path a previous composition declares that another module now
-	// holds moved to it in this apply: taking it back would undo that
-	// module's applied composition.
-	for _, c := range ordered(comps) {
+	refuse := func(m, why string) {
+		words[m] = fmt.Sprintf("left part-way (%s); rolling it back failed: %s; tried again each pass", rb.Modules[m], why)
+		delete(left, m)
+	}
+	for _, m := range slices.Sorted(maps.Keys(rb.Modules)) {
+		c, ok := comps[m]
+		if !ok {
+			continue
+		}
+		// A path its applied composition declares that another module
+		// holds now moved to that one, which applied whole: taking it
+		// back would undo that module.
 		for _, r := range c.Comp.GetResources() {
-			if rec, ok := ledger[r.GetPath()]; ok && rec.Module != c.Module && !res.Half[rec.Module] {
-				return failAll(fmt.Sprintf("%s, declared by its previous composition, is now %s's", r.GetPath(), rec.Module))
+			if rec, ok := ledger[r.GetPath()]; ok && rec.Module != m {
+				if _, half := rb.Modules[rec.Module]; !half {
+					refuse(m, fmt.Sprintf("%s, declared by the composition it had applied, is now %s's", r.GetPath(), rec.Module))
+					break
+				}
 			}
 		}
 	}
-	prep := e.cfg.Applier.Prepare(apply.Plan{Compositions: ordered(comps), Ledger: ledger, Undo: res.Undo})
-	failures := prep.Failures
-	if len(failures) == 0 {
-		failures = e.cfg.Applier.Stage(ctx, prep, e.src)
-	}
-	if len(failures) > 0 {
-		for m := range res.Half {
-			if f, ok := failures[m]; ok {
-				words[m] = "left part-way: rolling it back failed: " + f.Reason
-				continue
-			}
-			words[m] = "left part-way: rolling it back failed: " + failures[slices.Sorted(maps.Keys(failures))[0]].Reason
+	var prep *apply.Prepared
+	var settle []string
+	for range len(rb.Modules) + 1 {
+		if len(left) == 0 {
+			break
 		}
-		e.log.Error("rolling back an apply left part-way failed", slog.Any("modules", slices.Sorted(maps.Keys(res.Half))), slog.Any("why", words))
+		in := map[string]*apply.Composition{}
+		plan := apply.Plan{Ledger: ledger, Adoption: adoption, Undo: map[string]bool{}}
+		settle = settle[:0]
+		for m := range left {
+			if c, ok := comps[m]; ok {
+				in[m] = c
+			}
+			settle = append(settle, m)
+		}
+		for p, rp := range rb.Paths {
+			if left[rp.Module] && rp.Before == nil {
+				plan.Undo[p] = true
+			}
+		}
+		plan.Compositions = ordered(in)
+		prep = e.cfg.Applier.Prepare(plan)
+		failures := prep.Failures
+		if len(failures) == 0 {
+			failures = e.cfg.Applier.Stage(ctx, prep, e.src)
+		}
+		if len(failures) == 0 {
+			break
+		}
+		for m, f := range failures {
+			refuse(m, f.Reason)
+		}
+		prep = nil
+	}
+	if prep == nil || len(left) == 0 {
+		e.log.Error("rolling back applies left part-way failed", slog.Any("why", words))
 		return words
 	}
-	meta := apply.Meta{}
+	slices.Sort(settle)
+	meta := apply.Meta{Settle: settle}
 	meta.Traceparent, _ = telemetry.Traceparent(ctx)
 	back, err := e.cfg.Applier.Execute(ctx, prep, ledger, e.cfg.Store, meta)
 	if err != nil {
-		return failAll("its journal was not written: " + err.Error())
+		for m := range left {
+			refuse(m, "its journal was not written: "+err.Error())
+		}
+		return words
 	}
 	e.mu.Lock()
 	if back.CommitErr != nil {
 		e.pending = back.Journal
 		e.mu.Unlock()
-		return failAll("its ops ran, its ledger is not committed (retried each pass): " + back.CommitErr.Error())
+		for m := range left {
+			refuse(m, "its ops ran, its ledger is not committed (retried each pass): "+back.CommitErr.Error())
+		}
+		return words
 	}
 	e.takeAppliedLocked(nil, comps, nil, back)
 	e.mu.Unlock()
-	for m := range res.Half {
-		switch f, failed := back.Failed[m]; {
-		case failed:
-			words[m] = "left part-way: rolling it back failed: " + f.Reason
-		case comps[m] != nil:
-			words[m] = "rolled back to the composition it had applied (" + envelope.Digest(comps[m].Env) + ")"
-		default:
-			words[m] = "rolled back: it had nothing applied, what the apply created is removed"
+	for _, m := range settle {
+		if f, failed := back.Failed[m]; failed {
+			refuse(m, f.Reason)
+			continue
+		}
+		w := "rolled back: it had nothing applied, what the apply created is removed"
+		if c, ok := comps[m]; ok {
+			w = "rolled back to the composition it had applied (" + envelope.Digest(c.Env) + ")"
+		}
+		var stays []string
+		for _, p := range slices.Sorted(maps.Keys(rb.Paths)) {
+			if rp := rb.Paths[p]; rp.Module == m && rp.Before != nil && rp.Before.Module != m {
+				stays = append(stays, p+" (from "+rp.Before.Module+")")
+			}
+		}
+		if len(stays) > 0 {
+			w += "; what moved to it in that apply stays, as the manifest declares: " + strings.Join(stays, ", ")
+		}
+		words[m] = w
+	}
+	e.log.Warn("applies left part-way rolled back", slog.Any("modules", settle), slog.Int("ops", back.Ops), slog.Any("words", words))
+	return words
+}
+
+// beforeView is the ledger as it was before the applies a rollback record
+// holds left their modules part-way: an applied composition's artifact
+// digests are read from it (the ledger now holds the new ones).
+func beforeView(ledger map[string]*state.LedgerRecord, rb *state.Rollback) map[string]*state.LedgerRecord {
+	if rb.Empty() {
+		return ledger
+	}
+	view := maps.Clone(ledger)
+	for p, rp := range rb.Paths {
+		if rp.Before == nil {
+			delete(view, p)
+		} else {
+			view[p] = rp.Before
 		}
 	}
-	e.log.Warn("an apply left part-way was rolled back", slog.Any("modules", slices.Sorted(maps.Keys(res.Half))), slog.Int("ops", back.Ops))
-	return words
+	return view
 }

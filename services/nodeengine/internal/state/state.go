@@ -10,9 +10,11 @@
 package state
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"time"
@@ -130,6 +132,9 @@ const (
 	keyIntentManifest       = "intent.manifest"
 	intentCompositionPrefix = "intent.composition."
 	keySeq                  = "seq"
+	// keyRollback holds, in the journal section, the modules an apply left
+	// part-way until they are rolled back (Rollback).
+	keyRollback = "rollback"
 )
 
 // version is the v field of every record; a record of another version is
@@ -283,6 +288,9 @@ type Journal struct {
 	Drop []string
 	// Traceparent continues the apply's trace after a restart.
 	Traceparent string
+	// Settle are the modules that leave the kept rollback when none of
+	// their ops fails: each then holds whole what the apply records.
+	Settle []string
 }
 
 // journalRecord is the journal's intent record. Version 2 keeps the
@@ -300,6 +308,7 @@ type journalRecord struct {
 	Compositions map[string][]byte `json:"compositions,omitempty"`
 	Drop         []string          `json:"drop,omitempty"`
 	Traceparent  string            `json:"traceparent,omitempty"`
+	Settle       []string          `json:"settle,omitempty"`
 }
 
 // journalVersion is the v of the intent record written now.
@@ -318,6 +327,66 @@ type Commit struct {
 	Drop []string
 	// ClearJournal removes the intent once its ops are all accounted for.
 	ClearJournal bool
+	// Rollback adds the modules this apply left part-way to the kept
+	// rollback (see Rollback.Merge); Settled are modules now recorded
+	// applied whole (by this apply or by their rollback): they leave it.
+	Rollback *Rollback
+	Settled  []string
+}
+
+// Rollback is what must be put back of the modules applies left part-way
+// (an op failed after others of the module were done): kept in the
+// journal section, with the commit of the apply that left them so, until
+// each module is rolled back to its applied composition or applied whole.
+type Rollback struct {
+	// Modules are the modules left part-way, each with the words of the
+	// failure that left it so.
+	Modules map[string]string `json:"modules"`
+	// Paths are the paths those applies' ops changed, each with the
+	// module and its ledger record before the first of them (nil: the
+	// path was not in the ledger, the apply created it).
+	Paths map[string]RollbackPath `json:"paths"`
+}
+
+// RollbackPath is one path of a Rollback.
+type RollbackPath struct {
+	Module string        `json:"module"`
+	Before *LedgerRecord `json:"before,omitempty"`
+}
+
+// Empty reports whether nothing is to be rolled back.
+func (r *Rollback) Empty() bool { return r == nil || len(r.Modules) == 0 }
+
+// Merge returns r with settled modules taken out and add's put in. A path
+// already held keeps its record before: it is the one before the first
+// apply that left it part-way (a rollback that failed part-way in turn
+// must not take the half state for the previous one).
+func (r *Rollback) Merge(add *Rollback, settled []string) *Rollback {
+	out := &Rollback{Modules: map[string]string{}, Paths: map[string]RollbackPath{}}
+	if r != nil {
+		maps.Copy(out.Modules, r.Modules)
+		maps.Copy(out.Paths, r.Paths)
+	}
+	for _, m := range settled {
+		delete(out.Modules, m)
+	}
+	for p, rp := range out.Paths {
+		if _, ok := out.Modules[rp.Module]; !ok {
+			delete(out.Paths, p)
+		}
+	}
+	if add != nil {
+		maps.Copy(out.Modules, add.Modules)
+		for p, rp := range add.Paths {
+			if _, ok := out.Paths[p]; !ok {
+				out.Paths[p] = rp
+			}
+		}
+	}
+	if len(out.Modules) == 0 {
+		return nil
+	}
+	return out
 }
 
 // Kept is the whole state as Load read it. A section that could not be read
@@ -337,7 +406,9 @@ type Kept struct {
 	Keyset       *typev1.Envelope
 	KeysetErr    error
 	Journal      *Journal
-	JournalErr   error
+	// Rollback is read with the journal (JournalErr covers it).
+	Rollback   *Rollback
+	JournalErr error
 	// ReportSeq is the last report_seq sent on the Sync stream.
 	ReportSeq    uint64
 	ReportSeqErr error
@@ -573,7 +644,7 @@ func (d *DB) Load() (*Kept, error) {
 		if k.KeysetErr != nil {
 			k.Keyset = nil
 		}
-		k.Journal, k.JournalErr = loadJournal(tx)
+		k.Journal, k.Rollback, k.JournalErr = loadJournal(tx)
 		legacy := k.ReportSeq
 		k.ReportSeqErr = eachKey(tx, SectionReport, func(key string, v []byte) error {
 			if key != keySeq {
@@ -804,7 +875,7 @@ func (d *DB) PutKeysetAndMarks(env *typev1.Envelope, hw HighWater) error {
 // record, and its manifest and compositions as raw bytes beside it (see
 // journalRecord). Whatever an earlier journal left goes.
 func (d *DB) PutJournal(j *Journal) error {
-	rec := journalRecord{V: journalVersion, ID: j.ID, Revision: j.Revision, Ops: j.Ops, Drop: j.Drop, Traceparent: j.Traceparent}
+	rec := journalRecord{V: journalVersion, ID: j.ID, Revision: j.Revision, Ops: j.Ops, Drop: j.Drop, Traceparent: j.Traceparent, Settle: j.Settle}
 	// The content of a write by reference stays in its composition; the
 	// caller's ops keep theirs.
 	cloned := false
@@ -822,7 +893,7 @@ func (d *DB) PutJournal(j *Journal) error {
 	}
 	err = d.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte(SectionJournal))
-		if err := clearBucket(b); err != nil {
+		if err := clearIntent(b); err != nil {
 			return err
 		}
 		if len(j.Manifest) > 0 {
@@ -839,6 +910,18 @@ func (d *DB) PutJournal(j *Journal) error {
 	})
 	if err != nil {
 		return fmt.Errorf("write apply journal: %w", err)
+	}
+	return nil
+}
+
+// clearIntent deletes a journal's keys, the kept rollback aside.
+func clearIntent(b *bolt.Bucket) error {
+	rb := bytes.Clone(b.Get([]byte(keyRollback)))
+	if err := clearBucket(b); err != nil {
+		return err
+	}
+	if rb != nil {
+		return b.Put([]byte(keyRollback), rb)
 	}
 	return nil
 }
@@ -863,12 +946,37 @@ func clearBucket(b *bolt.Bucket) error {
 // loadJournal reads the journal section: nil when it holds no intent. The
 // inline content of a version 2 journal's writes is taken back from its
 // compositions, each checked against the digest the op was to write.
-func loadJournal(tx *bolt.Tx) (*Journal, error) {
+func loadJournal(tx *bolt.Tx) (*Journal, *Rollback, error) {
+	var rb *Rollback
+	j, err := loadIntent(tx, func(v []byte) error {
+		rb = &Rollback{}
+		if err := strictJSON(v, rb); err != nil {
+			return err
+		}
+		for p, rp := range rb.Paths {
+			if _, ok := rb.Modules[rp.Module]; !ok {
+				return fmt.Errorf("path %s of module %q, which is not to be rolled back", p, rp.Module)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if rb.Empty() {
+		rb = nil
+	}
+	return j, rb, nil
+}
+
+func loadIntent(tx *bolt.Tx, rollback func(v []byte) error) (*Journal, error) {
 	var rec *journalRecord
 	var manifest []byte
 	comps := map[string][]byte{}
 	err := eachKey(tx, SectionJournal, func(key string, v []byte) error {
 		switch {
+		case key == keyRollback:
+			return rollback(v)
 		case key == keyIntent:
 			rec = &journalRecord{}
 			if err := strictJSON(v, rec); err != nil {
@@ -895,7 +1003,7 @@ func loadJournal(tx *bolt.Tx) (*Journal, error) {
 		}
 		return nil, nil
 	}
-	j := &Journal{ID: rec.ID, Revision: rec.Revision, Ops: rec.Ops, Drop: rec.Drop, Traceparent: rec.Traceparent}
+	j := &Journal{ID: rec.ID, Revision: rec.Revision, Ops: rec.Ops, Drop: rec.Drop, Traceparent: rec.Traceparent, Settle: rec.Settle}
 	if rec.V == version {
 		if manifest != nil || len(comps) > 0 {
 			return nil, unreadable(SectionJournal, keyIntent, errors.New("a version 1 journal with envelopes beside it"))
@@ -1011,12 +1119,31 @@ func (d *DB) Commit(c *Commit) error {
 				return err
 			}
 		}
+		journal := tx.Bucket([]byte(SectionJournal))
 		if c.ClearJournal {
-			if err := clearBucket(tx.Bucket([]byte(SectionJournal))); err != nil {
+			if err := clearIntent(journal); err != nil {
 				return err
 			}
 		}
-		return nil
+		if c.Rollback.Empty() && len(c.Settled) == 0 {
+			return nil
+		}
+		var kept *Rollback
+		if v := journal.Get([]byte(keyRollback)); v != nil {
+			kept = &Rollback{}
+			if err := strictJSON(v, kept); err != nil {
+				return unreadable(SectionJournal, keyRollback, err)
+			}
+		}
+		next := kept.Merge(c.Rollback, c.Settled)
+		if next == nil {
+			return journal.Delete([]byte(keyRollback))
+		}
+		v, err := json.Marshal(next)
+		if err != nil {
+			return err
+		}
+		return journal.Put([]byte(keyRollback), v)
 	})
 	if err != nil {
 		return fmt.Errorf("commit apply: %w", err)

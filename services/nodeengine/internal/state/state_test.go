@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -489,5 +490,60 @@ func TestKeysetAndMarksTogether(t *testing.T) {
 	must(t, err)
 	if string(k.Keyset.GetPayload()) != "k2" || k.HighWater.KeysetVersion != 2 || k.HighWater.Revision != 7 {
 		t.Errorf("kept keyset %q, marks %+v", k.Keyset.GetPayload(), k.HighWater)
+	}
+}
+
+// TestRollbackKept: the rollback record is written with the commit of the
+// apply that left modules part-way, survives the next journals, keeps the
+// first record before of each path, loses the modules settled, and is
+// unreadable (the journal section's policy) when it does not decode.
+func TestRollbackKept(t *testing.T) {
+	db, path := open(t)
+	was := &LedgerRecord{Path: "/srv/a", Type: TypeFile, Module: "m", Digest: "sha256:" + strings.Repeat("1", 64)}
+	first := &Rollback{Modules: map[string]string{"m": "one failed", "n": "two failed"}, Paths: map[string]RollbackPath{
+		"/srv/a": {Module: "m", Before: was}, "/srv/b": {Module: "m"}, "/srv/n": {Module: "n"}}}
+	if err := db.Commit(&Commit{ClearJournal: true, Rollback: first}); err != nil {
+		t.Fatal(err)
+	}
+	// The next apply's journal and a rollback that failed part-way in turn.
+	if err := db.PutJournal(&Journal{ID: "j", Ops: []Op{{Kind: OpWrite, Path: "/srv/a", Module: "m"}}}); err != nil {
+		t.Fatal(err)
+	}
+	again := &Rollback{Modules: map[string]string{"m": "three failed"}, Paths: map[string]RollbackPath{
+		"/srv/a": {Module: "m", Before: &LedgerRecord{Path: "/srv/a", Type: TypeFile, Module: "m", Digest: "sha256:" + strings.Repeat("2", 64)}}}}
+	if err := db.Commit(&Commit{ClearJournal: true, Rollback: again, Settled: []string{"n"}}); err != nil {
+		t.Fatal(err)
+	}
+	k, err := db.Load()
+	if err != nil || k.JournalErr != nil || k.Journal != nil {
+		t.Fatalf("load: %v, %v, journal %v", err, k.JournalErr, k.Journal)
+	}
+	want := &Rollback{Modules: map[string]string{"m": "three failed"}, Paths: map[string]RollbackPath{"/srv/a": {Module: "m", Before: was}, "/srv/b": {Module: "m"}}}
+	if !reflect.DeepEqual(k.Rollback, want) {
+		t.Errorf("kept %+v, want %+v", k.Rollback, want)
+	}
+	if err := db.Commit(&Commit{ClearJournal: true, Settled: []string{"m"}}); err != nil {
+		t.Fatal(err)
+	}
+	if k, _ := db.Load(); k.Rollback != nil {
+		t.Errorf("settled, still kept: %+v", k.Rollback)
+	}
+
+	if err := db.Commit(&Commit{Rollback: first}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Bolt().Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte(SectionJournal)).Put([]byte(keyRollback), []byte(`{"modules":{"m":"x"},"paths":{"/srv/z":{"module":"q"}}}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	db, err = Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if k, _ := db.Load(); k.JournalErr == nil || !strings.Contains(k.JournalErr.Error(), `path /srv/z of module "q", which is not to be rolled back`) {
+		t.Errorf("a record naming a path of no module it holds: %v", k.JournalErr)
 	}
 }
