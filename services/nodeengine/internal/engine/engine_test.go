@@ -60,6 +60,8 @@ type unitWorld struct {
 	after func(done, total int)
 	// syncFault fails the directory fsyncs it returns an error for.
 	syncFault func(dir string) error
+	// wrapStore, when set, wraps the state the engine is given.
+	wrapStore func(*state.DB) state.Store
 	// ks is the keyset version the manifests are signed under.
 	ks uint64
 	// logs holds what the engines logged, as text.
@@ -144,7 +146,11 @@ func (w *unitWorld) start() {
 	if w.composer != nil {
 		comp = w.composer
 	}
-	w.e, err = New(context.Background(), Config{Node: "ace", Roots: w.tr.Roots, Store: db, Applier: a, Composer: comp,
+	var store state.Store = db
+	if w.wrapStore != nil {
+		store = w.wrapStore(db)
+	}
+	w.e, err = New(context.Background(), Config{Node: "ace", Roots: w.tr.Roots, Store: store, Applier: a, Composer: comp,
 		Catalog: cat, Now: func() time.Time { return w.now }, Logger: log,
 		EntryBackoffBase: time.Millisecond, EntryBackoffMax: time.Millisecond, FetchDeadline: 5 * time.Second})
 	if err != nil {

@@ -867,13 +867,8 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 				}
 			}
 		}
-		plan := apply.Plan{Compositions: ordered(inEffect), Ledger: e.ledger, Removals: removals}
-		prep = e.cfg.Applier.Prepare(plan)
-		failures := prep.Failures
-		if len(failures) == 0 {
-			failures = e.cfg.Applier.Stage(ctx, prep, e.src)
-		}
-		if len(failures) == 0 {
+		var failures map[string]*apply.Failure
+		if prep, failures = e.prepareAndStage(ctx, apply.Plan{Compositions: ordered(inEffect), Ledger: e.ledger, Removals: removals}); len(failures) == 0 {
 			break
 		}
 		removals = false

@@ -93,12 +93,8 @@ func (e *Engine) rollBack(ctx context.Context) map[string]string {
 			}
 		}
 		plan.Compositions = ordered(in)
-		prep = e.cfg.Applier.Prepare(plan)
-		failures := prep.Failures
-		if len(failures) == 0 {
-			failures = e.cfg.Applier.Stage(ctx, prep, e.src)
-		}
-		if len(failures) == 0 {
+		var failures map[string]*apply.Failure
+		if prep, failures = e.prepareAndStage(ctx, plan); len(failures) == 0 {
 			break
 		}
 		for m, f := range failures {
@@ -171,4 +167,14 @@ func beforeView(ledger map[string]*state.LedgerRecord, rb *state.Rollback) map[s
 		}
 	}
 	return view
+}
+
+// prepareAndStage prepares a plan and, when no module is refused, stages
+// the content it needs; it returns the modules either failed.
+func (e *Engine) prepareAndStage(ctx context.Context, plan apply.Plan) (*apply.Prepared, map[string]*apply.Failure) {
+	prep := e.cfg.Applier.Prepare(plan)
+	if len(prep.Failures) > 0 {
+		return prep, prep.Failures
+	}
+	return prep, e.cfg.Applier.Stage(ctx, prep, e.src)
 }

@@ -3,18 +3,15 @@ package engine
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"mesh.dev/internal/envelope"
 	"mesh.dev/internal/names"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
-	"mesh.dev/services/nodeengine/internal/apply"
 	"mesh.dev/services/nodeengine/internal/state"
 )
 
@@ -31,29 +28,13 @@ func (s crashStore) PutJournal(j *state.Journal) error {
 	return s.DB.PutJournal(j)
 }
 
-// startWith is start with the store wrapped.
-func (w *unitWorld) startWith(wrap func(*state.DB) state.Store) {
-	t := w.t
-	w.root = filepath.Join(w.dir, "root")
-	stateDir := filepath.Join(w.dir, "state")
-	db, err := state.Open(filepath.Join(stateDir, "engine.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.db = db
-	log := slog.New(slog.NewTextHandler(&w.logs, nil))
-	a, err := apply.New(apply.Config{Root: w.root, Prefixes: w.prefs, StateDir: stateDir, Logger: log, AfterOp: w.after, DirSyncFault: w.syncFault})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.e, err = New(context.Background(), Config{Node: "ace", Roots: w.tr.Roots, Store: wrap(db), Applier: a, Composer: w.comp,
-		Catalog: w.cat, Now: func() time.Time { return w.now }, Logger: log,
-		EntryBackoffBase: time.Millisecond, EntryBackoffMax: time.Millisecond, FetchDeadline: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := w.e
-	t.Cleanup(func() { e.Close(); db.Close() })
+// restart stops the engine and starts it again (with w.after, w.syncFault
+// and w.wrapStore as set now), offering it the keyset.
+func (w *unitWorld) restart() {
+	w.e.Close()
+	w.db.Close()
+	w.start()
+	w.e.OfferKeyset(w.tr.KeysetEnvelope)
 }
 
 func (w *unitWorld) writeForeign(rel string) {
@@ -76,11 +57,7 @@ func (w *unitWorld) read(rel string) string {
 // start rolls the module back (what the apply created is removed).
 func TestStopBeforeTheRollbackRollsBackAtStart(t *testing.T) {
 	w := newUnitWorld(t)
-	_, v1 := w.composition(names.NodeModule, "", true,
-		revFile("net:a", "", "/srv/net/a", "a1\n"), revFile("net:b", "", "/srv/net/b", "b1\n"))
-	w.offer(v1)
-	w.e.Close()
-	w.db.Close()
+	w.netV1()
 	armed := false
 	w.after = func(done, _ int) {
 		if done == 2 { // a and aa written
@@ -88,15 +65,13 @@ func TestStopBeforeTheRollbackRollsBackAtStart(t *testing.T) {
 			armed = true // the next PutJournal is the rollback's
 		}
 	}
-	w.startWith(func(db *state.DB) state.Store { return crashStore{DB: db, armed: &armed} })
-	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	w.wrapStore = func(db *state.DB) state.Store { return crashStore{DB: db, armed: &armed} }
+	w.restart()
+	w.wrapStore = nil
 	v2 := w.netV2()
 	w.offerStopped(v2)
-	w.e.Close()
-	w.db.Close()
 	w.after = nil
-	w.start()
-	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	w.restart()
 	w.rev--
 	w.offer(v2)
 	w.e.Pass(context.Background())
@@ -119,16 +94,13 @@ func TestOneModulesRefusedRollbackLeavesTheOthers(t *testing.T) {
 	if w.read("srv/y/1") != "y1\n" || w.read("srv/x/p") != "p1\n" {
 		t.Fatal("v1 not applied")
 	}
-	w.e.Close()
-	w.db.Close()
 	w.after = func(done, _ int) {
 		if done == 1 {
 			w.writeForeign("srv/x/r")
 			w.writeForeign("srv/y/n")
 		}
 	}
-	w.start()
-	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	w.restart()
 	_, a2 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"), revFile("a:p", "a", "/srv/x/p", "p2\n"))
 	_, x2 := w.composition("x", w.fps["x"], true, revFile("x:q", "x", "/srv/x/q", "q2\n"), revFile("x:r", "x", "/srv/x/r", "r2\n"))
 	_, y2 := w.composition("y", w.fps["y"], true, revFile("y:1", "y", "/srv/y/1", "y2\n"), revFile("y:n", "y", "/srv/y/n", "n2\n"))
@@ -152,15 +124,12 @@ func TestRollbackKeepsWhatMovedToTheModule(t *testing.T) {
 	_, a1 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"), revFile("a:p", "a", "/srv/s/p", "pa\n"))
 	_, b1 := w.composition("b", w.fps["b"], true, revFile("b:1", "b", "/srv/b/1", "b1\n"))
 	w.offer(a1, b1)
-	w.e.Close()
-	w.db.Close()
 	w.after = func(done, _ int) {
 		if done == 1 {
 			w.writeForeign("srv/b/n")
 		}
 	}
-	w.start()
-	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	w.restart()
 	_, a2 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"))
 	_, b2 := w.composition("b", w.fps["b"], true, revFile("b:1", "b", "/srv/b/1", "b2\n"), revFile("b:n", "b", "/srv/b/n", "n\n"), revFile("b:p", "b", "/srv/s/p", "pb\n"))
 	w.offer(a2, b2)
@@ -179,11 +148,7 @@ func TestRollbackKeepsWhatMovedToTheModule(t *testing.T) {
 // without writing again (a rollback each pass flipped its files forever).
 func TestDirectoryFsyncFailureIsNotRolledBack(t *testing.T) {
 	w := newUnitWorld(t)
-	_, v1 := w.composition(names.NodeModule, "", true,
-		revFile("net:a", "", "/srv/net/a", "a1\n"), revFile("net:b", "", "/srv/net/b", "b1\n"))
-	w.offer(v1)
-	w.e.Close()
-	w.db.Close()
+	w.netV1()
 	ops := 0
 	w.after = func(int, int) { ops++ }
 	w.syncFault = func(d string) error {
@@ -192,8 +157,7 @@ func TestDirectoryFsyncFailureIsNotRolledBack(t *testing.T) {
 		}
 		return nil
 	}
-	w.start()
-	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	w.restart()
 	v2 := w.netV2()
 	w.offer(v2)
 	if r := w.have(names.NodeModule).GetAttempt().GetReason(); r != "fsync of directory /srv/net: EIO" {
@@ -219,25 +183,18 @@ func TestDirectoryFsyncFailureIsNotRolledBack(t *testing.T) {
 func TestRollbackKeepsTheNodesAdoptions(t *testing.T) {
 	w := newUnitWorld(t, "m")
 	w.writeForeign("srv/m/conf")
-	node := &typev1.Composition{Node: "ace", Module: names.NodeModule, Adoption: []string{"/srv/m/conf"}}
-	env, _ := w.tr.Sign(t, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, node)
-	key, _ := names.CompositionKey("ace", names.NodeModule, "")
-	w.comp.comps[key] = env
-	ownWant := &typev1.Want{Module: names.NodeModule, CompositionKey: key, CompositionDigest: envelope.Digest(env)}
+	ownWant := w.adopting("/srv/m/conf")
 	_, m1 := w.composition("m", w.fps["m"], true, revFile("m:conf", "m", "/srv/m/conf", "m1\n"), revFile("m:k", "m", "/srv/m/k", "k1\n"))
 	w.offer(m1, ownWant)
 	if w.read("srv/m/conf") != "m1\n" {
 		t.Fatalf("not adopted: %v", w.have("m").GetAttempt())
 	}
-	w.e.Close()
-	w.db.Close()
 	w.after = func(done, _ int) {
 		if done == 1 {
 			w.writeForeign("srv/m/n")
 		}
 	}
-	w.start()
-	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	w.restart()
 	_, m2 := w.composition("m", w.fps["m"], true, revFile("m:k", "m", "/srv/m/k", "k2\n"), revFile("m:n", "m", "/srv/m/n", "n\n"))
 	w.offer(m2, ownWant)
 	if r := w.have("m").GetAttempt().GetReason(); !strings.Contains(r, "rolled back to the composition it had applied") {
@@ -252,11 +209,7 @@ func TestRollbackKeepsTheNodesAdoptions(t *testing.T) {
 // and the module is fully its previous composition.
 func TestStopDuringTheRollbackIsReplayed(t *testing.T) {
 	w := newUnitWorld(t)
-	env1, v1 := w.composition(names.NodeModule, "", true,
-		revFile("net:a", "", "/srv/net/a", "a1\n"), revFile("net:b", "", "/srv/net/b", "b1\n"))
-	w.offer(v1)
-	w.e.Close()
-	w.db.Close()
+	env1 := w.netV1()
 	n := 0
 	w.after = func(done, total int) {
 		n++
@@ -268,11 +221,9 @@ func TestStopDuringTheRollbackIsReplayed(t *testing.T) {
 			panic(stopApply{})
 		}
 	}
-	w.start()
-	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	w.restart()
 	v2 := w.netV2()
 	w.offerStopped(v2)
-	t.Logf("stopped: %v", w.files("a", "aa", "b", "c"))
 	w.e.Close()
 	w.db.Close()
 	w.after = nil
@@ -295,11 +246,7 @@ func TestStopDuringTheRollbackIsReplayed(t *testing.T) {
 func TestLeavingModuleWhoseRemovalFailsIsNotRolledBack(t *testing.T) {
 	w := newUnitWorld(t, "l", "k")
 	w.writeForeign("srv/l/z")
-	node := &typev1.Composition{Node: "ace", Module: names.NodeModule, Adoption: []string{"/srv/l/z"}}
-	env, _ := w.tr.Sign(t, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, node)
-	key, _ := names.CompositionKey("ace", names.NodeModule, "")
-	w.comp.comps[key] = env
-	ownWant := &typev1.Want{Module: names.NodeModule, CompositionKey: key, CompositionDigest: envelope.Digest(env)}
+	ownWant := w.adopting("/srv/l/z")
 	_, l1 := w.composition("l", w.fps["l"], true, revFile("l:y", "l", "/srv/l/y", "y\n"), revFile("l:z", "l", "/srv/l/z", "z\n"))
 	_, k1 := w.composition("k", w.fps["k"], true, revFile("k:1", "k", "/srv/k/1", "1\n"))
 	w.offer(k1, l1, ownWant)
@@ -328,21 +275,14 @@ func TestLeavingModuleWhoseRemovalFailsIsNotRolledBack(t *testing.T) {
 func TestRollbackRestoresAdoptedAndKeepsData(t *testing.T) {
 	w := newUnitWorld(t, "m")
 	w.writeForeign("srv/m/conf")
-	node := &typev1.Composition{Node: "ace", Module: names.NodeModule, Adoption: []string{"/srv/m/conf"}}
-	env, _ := w.tr.Sign(t, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, node)
-	key, _ := names.CompositionKey("ace", names.NodeModule, "")
-	w.comp.comps[key] = env
-	ownWant := &typev1.Want{Module: names.NodeModule, CompositionKey: key, CompositionDigest: envelope.Digest(env)}
+	ownWant := w.adopting("/srv/m/conf")
 	w.offer(ownWant)
-	w.e.Close()
-	w.db.Close()
 	w.after = func(done, _ int) {
 		if done == 2 {
 			w.writeForeign("srv/m/z")
 		}
 	}
-	w.start()
-	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	w.restart()
 	c := &typev1.Composition{Node: "ace", Module: "m", Fingerprint: w.fps["m"], Data: true, DataPaths: []string{"/srv/m/data"}, Resources: []*typev1.Resource{
 		revFile("m:conf", "m", "/srv/m/conf", "m\n"), revFile("m:d", "m", "/srv/m/data/f", "d\n"), revFile("m:z", "m", "/srv/m/z", "z\n")}}
 	menv, _ := w.tr.Sign(t, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, c)
@@ -385,6 +325,28 @@ func (w *unitWorld) wantFiles(when string, want map[string]string) {
 	}
 }
 
+// netV1 offers v1 of the node's own composition (/srv/net/a and b) and
+// returns it.
+func (w *unitWorld) netV1() *typev1.Envelope {
+	env, v1 := w.composition(names.NodeModule, "", true,
+		revFile("net:a", "", "/srv/net/a", "a1\n"), revFile("net:b", "", "/srv/net/b", "b1\n"))
+	w.offer(v1)
+	return env
+}
+
+// adopting serves the node's own composition adopting paths and returns
+// its want.
+func (w *unitWorld) adopting(paths ...string) *typev1.Want {
+	c := &typev1.Composition{Node: "ace", Module: names.NodeModule, Adoption: paths}
+	env, _ := w.tr.Sign(w.t, typev1.PayloadType_PAYLOAD_TYPE_COMPOSITION, c)
+	key, err := names.CompositionKey("ace", names.NodeModule, "")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.comp.comps[key] = env
+	return &typev1.Want{Module: names.NodeModule, CompositionKey: key, CompositionDigest: envelope.Digest(env)}
+}
+
 // v2 of the node's own composition: a and b change, aa and c are new.
 func (w *unitWorld) netV2() *typev1.Want {
 	_, v2 := w.composition(names.NodeModule, "", true,
@@ -401,9 +363,7 @@ func (w *unitWorld) netV2() *typev1.Want {
 // why the wanted composition is not applied.
 func TestReplayThatCannotFinishRollsTheModuleBack(t *testing.T) {
 	w := newUnitWorld(t)
-	env1, v1 := w.composition(names.NodeModule, "", true,
-		revFile("net:a", "", "/srv/net/a", "a1\n"), revFile("net:b", "", "/srv/net/b", "b1\n"))
-	w.offer(v1)
+	env1 := w.netV1()
 	w.restartStoppingAfter(1) // ops: a, aa, b, c
 	w.e.OfferKeyset(w.tr.KeysetEnvelope)
 	v2 := w.netV2()
@@ -453,11 +413,7 @@ func TestReplayThatCannotFinishRollsTheModuleBack(t *testing.T) {
 // same pass, and the failure says so.
 func TestApplyFailingPartWayRollsTheModuleBack(t *testing.T) {
 	w := newUnitWorld(t)
-	env1, v1 := w.composition(names.NodeModule, "", true,
-		revFile("net:a", "", "/srv/net/a", "a1\n"), revFile("net:b", "", "/srv/net/b", "b1\n"))
-	w.offer(v1)
-	w.e.Close()
-	w.db.Close()
+	env1 := w.netV1()
 	w.after = func(done, _ int) {
 		if done == 2 { // a and aa written, before b and c
 			if err := os.WriteFile(filepath.Join(w.root, "srv", "net", "c"), []byte("foreign\n"), 0o644); err != nil {
@@ -465,8 +421,7 @@ func TestApplyFailingPartWayRollsTheModuleBack(t *testing.T) {
 			}
 		}
 	}
-	w.start()
-	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	w.restart()
 	w.offer(w.netV2())
 	w.wantFiles("after the pass", map[string]string{"a": "a1\n", "aa": "", "b": "b1\n", "c": "foreign\n"})
 	at := w.have(names.NodeModule).GetAttempt()
@@ -484,8 +439,6 @@ func TestApplyFailingPartWayRollsTheModuleBack(t *testing.T) {
 // apply created.
 func TestNewModuleFailingPartWayLeavesNothing(t *testing.T) {
 	w := newUnitWorld(t)
-	w.e.Close()
-	w.db.Close()
 	w.after = func(done, _ int) {
 		if done == 2 {
 			if err := os.WriteFile(filepath.Join(w.root, "srv", "net", "c"), []byte("foreign\n"), 0o644); err != nil {
@@ -493,8 +446,7 @@ func TestNewModuleFailingPartWayLeavesNothing(t *testing.T) {
 			}
 		}
 	}
-	w.start()
-	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	w.restart()
 	w.offer(w.netV2())
 	w.wantFiles("after the pass", map[string]string{"a": "", "aa": "", "b": "", "c": "foreign\n"})
 	at := w.have(names.NodeModule).GetAttempt()
