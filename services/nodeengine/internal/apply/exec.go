@@ -333,7 +333,9 @@ func (a *Applier) Replay(ctx context.Context, j *state.Journal, ledger map[strin
 	}
 	res.Rollback = halves(j, ledger, res, opFailed)
 	for _, m := range j.Settle {
-		if _, failed := res.Failed[m]; !failed {
+		// A directory that did not sync leaves the module whole on disk:
+		// its next pass syncs and records it, nothing is to be rolled back.
+		if !opFailed[m] {
 			res.Settled = append(res.Settled, m)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -746,6 +748,30 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 	e.mu.Lock()
 	blocked, pending := e.blocked, e.pending
 	e.mu.Unlock()
+	// What an apply left part-way is rolled back before anything else
+	// (its commit failing blocks the apply as any other's does); a module
+	// still kept so then says why at the end of the pass.
+	var rolled map[string]string
+	if blocked == "" && pending == nil {
+		rolled = e.rollBack(ctx)
+		e.mu.Lock()
+		pending = e.pending
+		e.mu.Unlock()
+	}
+	defer func() {
+		e.mu.Lock()
+		rb := e.rollback
+		e.mu.Unlock()
+		for _, m := range slices.Sorted(maps.Keys(rolled)) {
+			words := rolled[m]
+			if o, ok := out[m]; ok {
+				o.reason += "; " + words
+			} else if !rb.Empty() && rb.Modules[m] != "" {
+				out[m] = &outcome{state: stateFailed, code: composerv1.ReasonCode_REASON_CODE_WRITE_FAILED,
+					reason: "an apply left it part-way: " + rb.Modules[m] + "; " + words, want: wantOf[m]}
+			}
+		}
+	}()
 	code := composerv1.ReasonCode_REASON_CODE_STATE_UNREADABLE
 	if blocked == "" && pending != nil {
 		// A failed ledger write blocks the apply until it is written.
@@ -764,21 +790,6 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		}
 		return out, nil, nil
 	}
-	// What an apply left part-way is rolled back before anything else;
-	// a module still kept so then says why at the end of the pass.
-	rolled := e.rollBack(ctx)
-	defer func() {
-		e.mu.Lock()
-		rb := e.rollback
-		e.mu.Unlock()
-		for m, words := range rolled {
-			if o, ok := out[m]; ok {
-				o.reason += "; " + words
-			} else if _, still := rb.Modules[m]; still {
-				out[m] = &outcome{state: stateFailed, code: composerv1.ReasonCode_REASON_CODE_WRITE_FAILED, reason: words, want: wantOf[m]}
-			}
-		}
-	}()
 	e.mu.Lock()
 	// A module left part-way keeps the composition it had applied, with
 	// the artifact digests it was written with.
@@ -960,12 +971,13 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		out[m] = &outcome{state: stateFailed, code: f.Code, reason: f.Reason, want: wantOf[m]}
 	}
 	if !res.Rollback.Empty() {
-		// Not left half until the next pass: rolled back at once.
-		for m, words := range e.rollBack(ctx) {
-			if o, ok := out[m]; ok {
-				o.reason += "; " + words
-			}
+		// Not left half until the next pass: rolled back at once. Its
+		// words are the module's last (rolled at the pass's start may
+		// hold older ones).
+		if rolled == nil {
+			rolled = map[string]string{}
 		}
+		maps.Copy(rolled, e.rollBack(ctx))
 	}
 	if len(prep.Drift) > 0 {
 		e.log.Warn("drift found and corrected", slog.Any("paths", prep.Drift))

@@ -52,7 +52,7 @@ func (e *Engine) rollBack(ctx context.Context) map[string]string {
 		left[m] = true
 	}
 	refuse := func(m, why string) {
-		words[m] = fmt.Sprintf("left part-way (%s); rolling it back failed: %s; tried again each pass", rb.Modules[m], why)
+		words[m] = "left part-way, rolling it back failed: " + why + "; tried again each pass"
 		delete(left, m)
 	}
 	for _, m := range slices.Sorted(maps.Keys(rb.Modules)) {
@@ -88,7 +88,9 @@ func (e *Engine) rollBack(ctx context.Context) map[string]string {
 			settle = append(settle, m)
 		}
 		for p, rp := range rb.Paths {
-			if left[rp.Module] && rp.Before == nil {
+			// Only while the module still holds it: another module may
+			// have taken it over since (a later manifest moved it).
+			if rec, ok := ledger[p]; ok && left[rp.Module] && rp.Before == nil && rec.Module == rp.Module {
 				plan.Undo[p] = true
 			}
 		}
@@ -160,6 +162,9 @@ func beforeView(ledger map[string]*state.LedgerRecord, rb *state.Rollback) map[s
 	}
 	view := maps.Clone(ledger)
 	for p, rp := range rb.Paths {
+		if rec, ok := ledger[p]; ok && rec.Module != rp.Module {
+			continue // another module's since
+		}
 		if rp.Before == nil {
 			delete(view, p)
 		} else {

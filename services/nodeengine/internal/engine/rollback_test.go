@@ -37,6 +37,19 @@ func (w *unitWorld) restart() {
 	w.e.OfferKeyset(w.tr.KeysetEnvelope)
 }
 
+// foreignAt makes the next start's applies write a foreign file at rel
+// (under the root) once, after their op n: something appearing on a path
+// while an apply runs.
+func (w *unitWorld) foreignAt(n int, rel string) {
+	done := false
+	w.after = func(op, _ int) {
+		if op == n && !done {
+			done = true
+			w.writeForeign(rel)
+		}
+	}
+}
+
 func (w *unitWorld) writeForeign(rel string) {
 	p := filepath.Join(w.root, rel)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -124,11 +137,7 @@ func TestRollbackKeepsWhatMovedToTheModule(t *testing.T) {
 	_, a1 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"), revFile("a:p", "a", "/srv/s/p", "pa\n"))
 	_, b1 := w.composition("b", w.fps["b"], true, revFile("b:1", "b", "/srv/b/1", "b1\n"))
 	w.offer(a1, b1)
-	w.after = func(done, _ int) {
-		if done == 1 {
-			w.writeForeign("srv/b/n")
-		}
-	}
+	w.foreignAt(1, "srv/b/n")
 	w.restart()
 	_, a2 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"))
 	_, b2 := w.composition("b", w.fps["b"], true, revFile("b:1", "b", "/srv/b/1", "b2\n"), revFile("b:n", "b", "/srv/b/n", "n\n"), revFile("b:p", "b", "/srv/s/p", "pb\n"))
@@ -189,11 +198,7 @@ func TestRollbackKeepsTheNodesAdoptions(t *testing.T) {
 	if w.read("srv/m/conf") != "m1\n" {
 		t.Fatalf("not adopted: %v", w.have("m").GetAttempt())
 	}
-	w.after = func(done, _ int) {
-		if done == 1 {
-			w.writeForeign("srv/m/n")
-		}
-	}
+	w.foreignAt(1, "srv/m/n")
 	w.restart()
 	_, m2 := w.composition("m", w.fps["m"], true, revFile("m:k", "m", "/srv/m/k", "k2\n"), revFile("m:n", "m", "/srv/m/n", "n\n"))
 	w.offer(m2, ownWant)
@@ -277,11 +282,7 @@ func TestRollbackRestoresAdoptedAndKeepsData(t *testing.T) {
 	w.writeForeign("srv/m/conf")
 	ownWant := w.adopting("/srv/m/conf")
 	w.offer(ownWant)
-	w.after = func(done, _ int) {
-		if done == 2 {
-			w.writeForeign("srv/m/z")
-		}
-	}
+	w.foreignAt(2, "srv/m/z")
 	w.restart()
 	c := &typev1.Composition{Node: "ace", Module: "m", Fingerprint: w.fps["m"], Data: true, DataPaths: []string{"/srv/m/data"}, Resources: []*typev1.Resource{
 		revFile("m:conf", "m", "/srv/m/conf", "m\n"), revFile("m:d", "m", "/srv/m/data/f", "d\n"), revFile("m:z", "m", "/srv/m/z", "z\n")}}
@@ -414,13 +415,7 @@ func TestReplayThatCannotFinishRollsTheModuleBack(t *testing.T) {
 func TestApplyFailingPartWayRollsTheModuleBack(t *testing.T) {
 	w := newUnitWorld(t)
 	env1 := w.netV1()
-	w.after = func(done, _ int) {
-		if done == 2 { // a and aa written, before b and c
-			if err := os.WriteFile(filepath.Join(w.root, "srv", "net", "c"), []byte("foreign\n"), 0o644); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	w.foreignAt(2, "srv/net/c")
 	w.restart()
 	w.offer(w.netV2())
 	w.wantFiles("after the pass", map[string]string{"a": "a1\n", "aa": "", "b": "b1\n", "c": "foreign\n"})
@@ -439,13 +434,7 @@ func TestApplyFailingPartWayRollsTheModuleBack(t *testing.T) {
 // apply created.
 func TestNewModuleFailingPartWayLeavesNothing(t *testing.T) {
 	w := newUnitWorld(t)
-	w.after = func(done, _ int) {
-		if done == 2 {
-			if err := os.WriteFile(filepath.Join(w.root, "srv", "net", "c"), []byte("foreign\n"), 0o644); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	w.foreignAt(2, "srv/net/c")
 	w.restart()
 	w.offer(w.netV2())
 	w.wantFiles("after the pass", map[string]string{"a": "", "aa": "", "b": "", "c": "foreign\n"})
@@ -458,4 +447,204 @@ func TestNewModuleFailingPartWayLeavesNothing(t *testing.T) {
 	} else {
 		t.Errorf("/srv/net: %v", err)
 	}
+}
+
+// failRollbackStore fails the journal write of a rollback (no revision,
+// modules to settle) while *fail: a rollback that fails for a while (as an
+// object the composer cannot serve for a while would).
+type failRollbackStore struct {
+	*state.DB
+	fail *bool
+}
+
+func (s failRollbackStore) PutJournal(j *state.Journal) error {
+	if *s.fail && j.Revision == 0 && len(j.Settle) > 0 {
+		return errors.New("injected: no space left on device")
+	}
+	return s.DB.PutJournal(j)
+}
+
+// A path the apply that left m part-way created, which another module n
+// took over (a later manifest moved it) while m's rollback kept failing, is
+// n's: m's rollback, when it goes through, leaves it (it once removed n's
+// file and its ledger record).
+func TestRollbackLeavesAPathAnotherModuleTookOver(t *testing.T) {
+	w := newUnitWorld(t, "m", "n")
+	_, m1 := w.composition("m", w.fps["m"], true, revFile("m:a", "m", "/srv/m/a", "a1\n"))
+	w.offer(m1)
+	w.e.Close()
+	w.db.Close()
+	fail := true
+	once := false
+	w.after = func(done, total int) {
+		if done == 2 && total == 3 && !once { // a and s written, r next
+			once = true
+			w.writeForeign("srv/m/c")
+		}
+	}
+	wrap := func(db *state.DB) state.Store { return failRollbackStore{DB: db, fail: &fail} }
+	w.startWrapped(wrap)
+	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	_, m2 := w.composition("m", w.fps["m"], true, revFile("m:a", "m", "/srv/m/a", "a2\n"), revFile("m:b", "m", "/srv/m/b", "b2\n"), revFile("m:c", "m", "/srv/m/c", "c2\n"))
+	w.offer(m2)
+	kept, _ := w.db.Load()
+	if kept.Rollback == nil || kept.Rollback.Paths["/srv/m/b"].Module != "m" {
+		t.Fatalf("no record of m's s: %+v (m: %v)", kept.Rollback, w.have("m").GetAttempt())
+	}
+	// n takes /srv/m/b over while m's rollback still fails.
+	_, n1 := w.composition("n", w.fps["n"], true, revFile("n:b", "n", "/srv/m/b", "n\n"))
+	_, m3 := w.composition("m", w.fps["m"], true, revFile("m:a", "m", "/srv/m/a", "a3\n"), revFile("m:c", "m", "/srv/m/c", "c3\n"))
+	w.offer(m3, n1)
+	if w.read("srv/m/b") != "n\n" {
+		t.Fatalf("n did not take s: %q; n: %v", w.read("srv/m/b"), w.have("n").GetAttempt())
+	}
+	kept, _ = w.db.Load()
+	// The rollback goes through at the next start.
+	fail = false
+	w.e.Close()
+	w.db.Close()
+	w.startWrapped(wrap)
+	kept, _ = w.db.Load()
+	if got := w.read("srv/m/b"); got != "n\n" {
+		t.Errorf("n's /srv/m/b removed by m's rollback: disk %q, ledger %+v", got, kept.Ledger["/srv/m/b"])
+	}
+}
+
+// m still in the record at the start of a pass (its rollback failed in the
+// previous one): the start rolls it back, the pass's apply leaves it
+// part-way again and rolls it back again; the words of the last rollback
+// are said, once.
+func TestRollbackWordsSaidOnce(t *testing.T) {
+	w := newUnitWorld(t, "m")
+	fail := true
+	// At every apply of m2 (3 ops), not at the rollbacks (2).
+	w.mLeftHalf(func(done, total int) {
+		if done == 2 && total == 3 {
+			w.writeForeign("srv/m/c")
+		}
+	}, func(db *state.DB) state.Store { return failRollbackStore{DB: db, fail: &fail} })
+	fail = false
+	os.Remove(filepath.Join(w.root, "srv/m/c")) // the operator clears it; it appears again mid-apply
+	w.e.Pass(context.Background())
+	r := w.have("m").GetAttempt().GetReason()
+	if strings.Count(r, "rolled back to the composition it had applied") > 1 {
+		t.Errorf("words said twice: %s", r)
+	}
+}
+
+// failCommitStore fails the next Commit while *fail, once.
+type failCommitStore struct {
+	failRollbackStore
+	failCommit *bool
+}
+
+func (s failCommitStore) Commit(c *state.Commit) error {
+	if *s.failCommit {
+		*s.failCommit = false
+		return errors.New("injected: commit failed")
+	}
+	return s.DB.Commit(c)
+}
+
+// A rollback at the start of a pass whose commit fails blocks the apply
+// as any other commit's failure does: the pass applied over the
+// uncommitted ledger once, and its journal erased the rollback's.
+func TestRollbackCommitFailureBlocksTheApply(t *testing.T) {
+	w := newUnitWorld(t, "m")
+	fail, failCommit := true, false
+	w.mLeftHalf(nil, func(db *state.DB) state.Store {
+		return failCommitStore{failRollbackStore: failRollbackStore{DB: db, fail: &fail}, failCommit: &failCommit}
+	})
+	// Next pass: the rollback's journal is written, its ops run, its commit fails.
+	fail, failCommit = false, true
+	ops := 0
+	w.after = func(int, int) { ops++ }
+	w.e.Pass(context.Background())
+	w.e.mu.Lock()
+	pending := w.e.pending
+	w.e.mu.Unlock()
+	kept, _ := w.db.Load()
+	if pending != nil && (kept.Journal == nil || kept.Journal.ID != pending.ID) {
+		t.Errorf("the pending rollback's journal is no longer on disk (a stop now loses it); the pass applied anyway (%d ops)", ops)
+	}
+}
+
+// The rollback at the start of a pass goes through (it had failed in the
+// previous pass) and the module's wanted composition then applies whole:
+// the record is empty (the pass once panicked reading it for the words).
+func TestRolledBackAtPassStartThenAppliedWhole(t *testing.T) {
+	w := newUnitWorld(t, "m")
+	fail := true
+	w.mLeftHalf(nil, func(db *state.DB) state.Store { return failRollbackStore{DB: db, fail: &fail} })
+	fail = false
+	os.Remove(filepath.Join(w.root, "srv/m/c")) // the operator clears it
+	defer func() {
+		if p := recover(); p != nil {
+			t.Fatalf("the pass panicked: %v", p)
+		}
+	}()
+	w.e.Pass(context.Background())
+	if w.read("srv/m/c") != "c2\n" {
+		t.Errorf("m2 not applied: %v", w.have("m").GetAttempt())
+	}
+	if kept, err := w.db.Load(); err != nil || kept.Rollback != nil {
+		t.Errorf("kept rollback %+v (%v)", kept.Rollback, err)
+	}
+}
+
+// TestOneModulesRefusedRollbackLeavesTheOthers, then the operator removes
+// the foreign /srv/x/r: the next pass refuses x's rollback again, applies
+// x's wanted composition whole, and x leaves the record.
+func TestRefusedRollbackThenAppliedWhole(t *testing.T) {
+	w := newUnitWorld(t, "a", "x", "y")
+	_, a1 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"))
+	_, x1 := w.composition("x", w.fps["x"], true, revFile("x:p", "x", "/srv/x/p", "p1\n"), revFile("x:q", "x", "/srv/x/q", "q1\n"))
+	_, y1 := w.composition("y", w.fps["y"], true, revFile("y:1", "y", "/srv/y/1", "y1\n"))
+	w.offer(a1, x1, y1)
+	w.e.Close()
+	w.db.Close()
+	w.foreignAt(1, "srv/x/r")
+	w.start()
+	w.e.OfferKeyset(w.tr.KeysetEnvelope)
+	_, a2 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"), revFile("a:p", "a", "/srv/x/p", "p2\n"))
+	_, x2 := w.composition("x", w.fps["x"], true, revFile("x:q", "x", "/srv/x/q", "q2\n"), revFile("x:r", "x", "/srv/x/r", "r2\n"))
+	w.offer(a2, x2, y1)
+	os.Remove(filepath.Join(w.root, "srv/x/r"))
+	defer func() {
+		if p := recover(); p != nil {
+			t.Fatalf("the pass panicked: %v", p)
+		}
+	}()
+	w.e.Pass(context.Background())
+	if w.read("srv/x/r") != "r2\n" || w.read("srv/x/q") != "q2\n" {
+		t.Errorf("x2 not applied: %v", w.have("x").GetAttempt())
+	}
+	if kept, err := w.db.Load(); err != nil || kept.Rollback != nil {
+		t.Errorf("kept rollback %+v (%v)", kept.Rollback, err)
+	}
+}
+
+// startWrapped starts the engine on the state wrapped by wrap.
+func (w *unitWorld) startWrapped(wrap func(*state.DB) state.Store) {
+	w.wrapStore = wrap
+	w.start()
+	w.wrapStore = nil
+}
+
+// mLeftHalf places m at a1, restarts the engine on the state wrap makes
+// (one that fails the rollback, say) and offers m2 (a2, b2, c2) while a
+// foreign file appears at /srv/m/c: after the apply's second op once, or
+// as after says. m is left part-way.
+func (w *unitWorld) mLeftHalf(after func(done, total int), wrap func(*state.DB) state.Store) {
+	_, m1 := w.composition("m", w.fps["m"], true, revFile("m:a", "m", "/srv/m/a", "a1\n"))
+	w.offer(m1)
+	w.foreignAt(2, "srv/m/c")
+	if after != nil {
+		w.after = after
+	}
+	w.wrapStore = wrap
+	w.restart()
+	w.wrapStore = nil
+	_, m2 := w.composition("m", w.fps["m"], true, revFile("m:a", "m", "/srv/m/a", "a2\n"), revFile("m:b", "m", "/srv/m/b", "b2\n"), revFile("m:c", "m", "/srv/m/c", "c2\n"))
+	w.offer(m2)
 }
