@@ -766,9 +766,9 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 			words := rolled[m]
 			if o, ok := out[m]; ok {
 				o.reason += "; " + words
-			} else if !rb.Empty() && rb.Modules[m] != "" {
+			} else if rb.Holds(m) {
 				out[m] = &outcome{state: stateFailed, code: composerv1.ReasonCode_REASON_CODE_WRITE_FAILED,
-					reason: "an apply left it part-way: " + rb.Modules[m] + "; " + words, want: wantOf[m]}
+					reason: "an apply failed: " + rb.Modules[m] + "; " + words, want: wantOf[m]}
 			}
 		}
 	}()

@@ -128,10 +128,16 @@ func (e *Engine) rollBack(ctx context.Context) map[string]string {
 		return words
 	}
 	e.takeAppliedLocked(nil, comps, nil, back)
+	still := e.rollback
 	e.mu.Unlock()
 	for _, m := range settle {
-		if f, failed := back.Failed[m]; failed {
-			refuse(m, f.Reason)
+		f, failed := back.Failed[m]
+		if still.Holds(m) {
+			why := "its rollback did not settle it"
+			if failed {
+				why = f.Reason
+			}
+			refuse(m, why)
 			continue
 		}
 		w := "rolled back: it had nothing applied, what the apply created is removed"
@@ -146,6 +152,11 @@ func (e *Engine) rollBack(ctx context.Context) map[string]string {
 		}
 		if len(stays) > 0 {
 			w += "; what moved to it in that apply stays, as the manifest declares: " + strings.Join(stays, ", ")
+		}
+		if failed {
+			// Only a directory's fsync (an op's failure keeps it in the
+			// record): the next pass syncs it.
+			w += " (" + f.Reason + ")"
 		}
 		words[m] = w
 	}

@@ -648,3 +648,29 @@ func (w *unitWorld) mLeftHalf(after func(done, total int), wrap func(*state.DB) 
 	_, m2 := w.composition("m", w.fps["m"], true, revFile("m:a", "m", "/srv/m/a", "a2\n"), revFile("m:b", "m", "/srv/m/b", "b2\n"), revFile("m:c", "m", "/srv/m/c", "c2\n"))
 	w.offer(m2)
 }
+
+// A rollback whose only failure is a directory's fsync put the module
+// back: it leaves the record, and its words say rolled back, with the
+// fsync's failure (the next pass syncs), not that the rollback failed.
+func TestRollbackFsyncFailureStillRolledBack(t *testing.T) {
+	w := newUnitWorld(t)
+	env1 := w.netV1()
+	w.foreignAt(2, "srv/net/c")
+	w.syncFault = func(d string) error {
+		if strings.HasSuffix(d, "/srv/net") {
+			return errors.New("EIO")
+		}
+		return nil
+	}
+	w.restart()
+	w.offer(w.netV2())
+	w.wantFiles("after the pass", map[string]string{"a": "a1\n", "aa": "", "b": "b1\n", "c": "foreign\n"})
+	r := w.have(names.NodeModule).GetAttempt().GetReason()
+	if !strings.Contains(r, "; rolled back to the composition it had applied ("+envelope.Digest(env1)+") (fsync of directory /srv/net: EIO)") ||
+		strings.Contains(r, "rolling it back failed") {
+		t.Errorf("reason %q", r)
+	}
+	if kept, err := w.db.Load(); err != nil || kept.Rollback != nil {
+		t.Errorf("kept rollback %+v (%v)", kept.Rollback, err)
+	}
+}

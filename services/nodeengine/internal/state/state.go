@@ -357,6 +357,15 @@ type RollbackPath struct {
 // Empty reports whether nothing is to be rolled back.
 func (r *Rollback) Empty() bool { return r == nil || len(r.Modules) == 0 }
 
+// Holds reports whether module m is to be rolled back.
+func (r *Rollback) Holds(m string) bool {
+	if r == nil {
+		return false
+	}
+	_, ok := r.Modules[m]
+	return ok
+}
+
 // Merge returns r with settled modules taken out and add's put in. A path
 // already held keeps its record before: it is the one before the first
 // apply that left it part-way (a rollback that failed part-way in turn
