@@ -147,6 +147,9 @@ type Engine struct {
 	// rollback is the kept record of the modules applies left part-way,
 	// rolled back first thing each pass until they are (rollBack).
 	rollback *state.Rollback
+	// retryRolledBack are the wanted compositions rolled back after their
+	// apply failed part-way, held back until their time (passes only).
+	retryRolledBack map[string]*rolledBackWant
 	// Writes of entries and wants that failed, retried each pass; said
 	// once per key.
 	dirtyEntries map[string]entries.Row
@@ -253,7 +256,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		poke:   make(chan struct{}, 1), changed: make(chan struct{}), answered: make(chan struct{}, 1),
 		dirtyEntries: map[string]entries.Row{}, dirtyWants: map[string]bool{}, said: map[string]bool{},
 		compCache: map[string]*verified{}, attempts: map[string]*composerv1.Attempt{}, notes: map[string][]string{},
-		keptEntries: map[string]bool{}, appliedComps: map[string]*typev1.Composition{},
+		keptEntries: map[string]bool{}, appliedComps: map[string]*typev1.Composition{}, retryRolledBack: map[string]*rolledBackWant{},
 	}
 	kept, err := cfg.Store.Load()
 	if err != nil {

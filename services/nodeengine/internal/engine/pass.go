@@ -811,6 +811,17 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		fetched := map[string]*apply.Composition{}
 		for _, w := range lv.manifest.GetWants() {
 			m := w.GetModule()
+			if r, ok := e.retryRolledBack[m]; ok && r.digest == w.GetCompositionDigest() && now.Before(r.at) {
+				// Rolled back after its apply failed part-way: not
+				// written again (and rolled back again) at every pass.
+				out[m] = &outcome{state: stateFailed, code: r.code, want: w,
+					reason: r.reason + "; tried again from " + r.at.UTC().Format(time.RFC3339) + " (or at a restart)"}
+				removals = false
+				if old, ok := appliedComps[m]; ok {
+					inEffect[m] = old
+				}
+				continue
+			}
 			var v *verified
 			f := refused[prefetchKey(w)]
 			if f == nil {
@@ -977,7 +988,19 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		if rolled == nil {
 			rolled = map[string]string{}
 		}
-		maps.Copy(rolled, e.rollBack(ctx))
+		back := e.rollBack(ctx)
+		maps.Copy(rolled, back)
+		e.mu.Lock()
+		rb := e.rollback
+		e.mu.Unlock()
+		for m := range res.Rollback.Modules {
+			if w := wantOf[m]; w != nil && !rb.Holds(m) {
+				e.backOffRolledBack(m, w.GetCompositionDigest(), out[m].code, out[m].reason+"; "+back[m], now)
+			}
+		}
+	}
+	for m := range res.Applied {
+		delete(e.retryRolledBack, m)
 	}
 	if len(prep.Drift) > 0 {
 		e.log.Warn("drift found and corrected", slog.Any("paths", prep.Drift))
@@ -986,6 +1009,41 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		e.log.Info("applied", slog.Uint64("revision", meta.Revision), slog.Int("ops", res.Ops), slog.Int("failed_modules", len(res.Failed)))
 	}
 	return out, prep.Drift, prep.Notes
+}
+
+// Waits before a wanted composition rolled back after its apply failed
+// part-way is applied again: a lasting failure in the middle of a module's
+// ops (a full disk) would otherwise write it and roll it back at every
+// pass, the node's services seeing their files go back and forth.
+const (
+	rollbackRetryBase = time.Minute
+	rollbackRetryMax  = 30 * time.Minute
+)
+
+// rolledBackWant is a wanted composition rolled back, and when it is
+// applied again.
+type rolledBackWant struct {
+	digest string
+	code   composerv1.ReasonCode
+	reason string
+	at     time.Time
+	n      int
+}
+
+// backOffRolledBack holds module's wanted composition of digest back
+// after its rollback: for rollbackRetryBase, doubling each time the same
+// composition is rolled back again, up to rollbackRetryMax. Kept in
+// memory: a restart tries it at once.
+func (e *Engine) backOffRolledBack(module, digest string, code composerv1.ReasonCode, reason string, now time.Time) {
+	n := 1
+	if r, ok := e.retryRolledBack[module]; ok && r.digest == digest {
+		n = r.n + 1
+	}
+	wait := rollbackRetryMax
+	if n <= 5 {
+		wait = min(rollbackRetryBase<<(n-1), rollbackRetryMax)
+	}
+	e.retryRolledBack[module] = &rolledBackWant{digest: digest, code: code, reason: reason, at: now.Add(wait), n: n}
 }
 
 // takesOver reports whether a composition declares a path the ledger holds

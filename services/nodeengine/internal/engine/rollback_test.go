@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"mesh.dev/internal/envelope"
 	"mesh.dev/internal/names"
@@ -672,5 +673,37 @@ func TestRollbackFsyncFailureStillRolledBack(t *testing.T) {
 	}
 	if kept, err := w.db.Load(); err != nil || kept.Rollback != nil {
 		t.Errorf("kept rollback %+v (%v)", kept.Rollback, err)
+	}
+}
+
+// A wanted composition rolled back after its apply failed part-way is not
+// written again at the next pass (a lasting failure would flip the node's
+// files at every pass): it waits rollbackRetryBase, saying until when, and
+// is then applied.
+func TestRolledBackCompositionTriedAgainAfterAWait(t *testing.T) {
+	w := newUnitWorld(t)
+	w.netV1()
+	ops := 0
+	w.foreignAt(2, "srv/net/c")
+	foreign := w.after
+	w.after = func(done, total int) { ops++; foreign(done, total) }
+	w.restart()
+	w.offer(w.netV2())
+	w.wantFiles("rolled back", map[string]string{"a": "a1\n", "aa": "", "c": "foreign\n"})
+	if err := os.Remove(filepath.Join(w.root, "srv", "net", "c")); err != nil {
+		t.Fatal(err)
+	}
+	ops = 0
+	w.e.Pass(context.Background())
+	at := w.have(names.NodeModule).GetAttempt()
+	if ops != 0 || !strings.Contains(at.GetReason(), "rolled back to the composition it had applied") ||
+		!strings.Contains(at.GetReason(), "; tried again from "+w.now.Add(rollbackRetryBase).UTC().Format(time.RFC3339)) {
+		t.Errorf("the pass after the rollback wrote %d ops; attempt %v", ops, at)
+	}
+	w.now = w.now.Add(rollbackRetryBase + time.Second)
+	w.e.Pass(context.Background())
+	w.wantFiles("after the wait", map[string]string{"a": "a2\n", "aa": "aa2\n", "b": "b2\n", "c": "c2\n"})
+	if at := w.have(names.NodeModule).GetAttempt(); at.GetReason() != "" {
+		t.Errorf("not applied after the wait: %v", at)
 	}
 }
