@@ -794,9 +794,9 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 	// A module left part-way keeps the composition it had applied, with
 	// the artifact digests it was written with.
 	appliedComps := e.appliedLocked(nil, beforeView(e.ledger, e.rollback))
-	var halfBefore map[string]string
+	var partWay map[string]string
 	if e.rollback != nil {
-		halfBefore = e.rollback.Modules
+		partWay = e.rollback.Modules
 	}
 	e.mu.Unlock()
 
@@ -935,7 +935,7 @@ func (e *Engine) applyPass(ctx context.Context, lv *live, ring *verify.Keyring, 
 		// A module left part-way is whole once its wanted composition
 		// applies; its applied one again is not enough (what the apply
 		// created stays until rolled back).
-		if _, half := halfBefore[m]; half && c != appliedComps[m] {
+		if _, half := partWay[m]; half && c != appliedComps[m] {
 			meta.Settle = append(meta.Settle, m)
 		}
 	}

@@ -925,21 +925,11 @@ func (d *DB) PutJournal(j *Journal) error {
 
 // clearIntent deletes a journal's keys, the kept rollback aside.
 func clearIntent(b *bolt.Bucket) error {
-	rb := bytes.Clone(b.Get([]byte(keyRollback)))
-	if err := clearBucket(b); err != nil {
-		return err
-	}
-	if rb != nil {
-		return b.Put([]byte(keyRollback), rb)
-	}
-	return nil
-}
-
-// clearBucket deletes every key of a bucket.
-func clearBucket(b *bolt.Bucket) error {
 	var keys [][]byte
 	if err := b.ForEach(func(k, _ []byte) error {
-		keys = append(keys, append([]byte(nil), k...))
+		if string(k) != keyRollback {
+			keys = append(keys, bytes.Clone(k))
+		}
 		return nil
 	}); err != nil {
 		return err
@@ -957,25 +947,32 @@ func clearBucket(b *bolt.Bucket) error {
 // compositions, each checked against the digest the op was to write.
 func loadJournal(tx *bolt.Tx) (*Journal, *Rollback, error) {
 	var rb *Rollback
-	j, err := loadIntent(tx, func(v []byte) error {
-		rb = &Rollback{}
-		if err := strictJSON(v, rb); err != nil {
-			return err
-		}
-		for p, rp := range rb.Paths {
-			if _, ok := rb.Modules[rp.Module]; !ok {
-				return fmt.Errorf("path %s of module %q, which is not to be rolled back", p, rp.Module)
-			}
-		}
-		return nil
+	j, err := loadIntent(tx, func(v []byte) (err error) {
+		rb, err = decodeRollback(v)
+		return err
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	if rb.Empty() {
-		rb = nil
-	}
 	return j, rb, nil
+}
+
+// decodeRollback reads a kept rollback record (nil when it holds nothing):
+// every path must be of a module it holds.
+func decodeRollback(v []byte) (*Rollback, error) {
+	rb := &Rollback{}
+	if err := strictJSON(v, rb); err != nil {
+		return nil, err
+	}
+	for p, rp := range rb.Paths {
+		if !rb.Holds(rp.Module) {
+			return nil, fmt.Errorf("path %s of module %q, which is not to be rolled back", p, rp.Module)
+		}
+	}
+	if rb.Empty() {
+		return nil, nil
+	}
+	return rb, nil
 }
 
 func loadIntent(tx *bolt.Tx, rollback func(v []byte) error) (*Journal, error) {
@@ -1139,8 +1136,8 @@ func (d *DB) Commit(c *Commit) error {
 		}
 		var kept *Rollback
 		if v := journal.Get([]byte(keyRollback)); v != nil {
-			kept = &Rollback{}
-			if err := strictJSON(v, kept); err != nil {
+			var err error
+			if kept, err = decodeRollback(v); err != nil {
 				return unreadable(SectionJournal, keyRollback, err)
 			}
 		}
