@@ -101,10 +101,7 @@ func TestStopBeforeTheRollbackRollsBackAtStart(t *testing.T) {
 // happened to it.
 func TestOneModulesRefusedRollbackLeavesTheOthers(t *testing.T) {
 	w := newUnitWorld(t, "a", "x", "y")
-	_, a1 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"))
-	_, x1 := w.composition("x", w.fps["x"], true, revFile("x:p", "x", "/srv/x/p", "p1\n"), revFile("x:q", "x", "/srv/x/q", "q1\n"))
-	_, y1 := w.composition("y", w.fps["y"], true, revFile("y:1", "y", "/srv/y/1", "y1\n"))
-	w.offer(a1, x1, y1)
+	w.placeAXY()
 	if w.read("srv/y/1") != "y1\n" || w.read("srv/x/p") != "p1\n" {
 		t.Fatal("v1 not applied")
 	}
@@ -115,10 +112,8 @@ func TestOneModulesRefusedRollbackLeavesTheOthers(t *testing.T) {
 		}
 	}
 	w.restart()
-	_, a2 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"), revFile("a:p", "a", "/srv/x/p", "p2\n"))
-	_, x2 := w.composition("x", w.fps["x"], true, revFile("x:q", "x", "/srv/x/q", "q2\n"), revFile("x:r", "x", "/srv/x/r", "r2\n"))
 	_, y2 := w.composition("y", w.fps["y"], true, revFile("y:1", "y", "/srv/y/1", "y2\n"), revFile("y:n", "y", "/srv/y/n", "n2\n"))
-	w.offer(a2, x2, y2)
+	w.offerXPathToA(y2)
 	if got := w.read("srv/y/1"); got != "y1\n" {
 		t.Errorf("y is left half (/srv/y/1 holds %q): its rollback was refused because of x's path", got)
 	}
@@ -161,12 +156,7 @@ func TestDirectoryFsyncFailureIsNotRolledBack(t *testing.T) {
 	w.netV1()
 	ops := 0
 	w.after = func(int, int) { ops++ }
-	w.syncFault = func(d string) error {
-		if strings.HasSuffix(d, "/srv/net") {
-			return errors.New("EIO")
-		}
-		return nil
-	}
+	w.syncFault = netSyncFails
 	w.restart()
 	v2 := w.netV2()
 	w.offer(v2)
@@ -598,18 +588,13 @@ func TestRolledBackAtPassStartThenAppliedWhole(t *testing.T) {
 // x's wanted composition whole, and x leaves the record.
 func TestRefusedRollbackThenAppliedWhole(t *testing.T) {
 	w := newUnitWorld(t, "a", "x", "y")
-	_, a1 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"))
-	_, x1 := w.composition("x", w.fps["x"], true, revFile("x:p", "x", "/srv/x/p", "p1\n"), revFile("x:q", "x", "/srv/x/q", "q1\n"))
-	_, y1 := w.composition("y", w.fps["y"], true, revFile("y:1", "y", "/srv/y/1", "y1\n"))
-	w.offer(a1, x1, y1)
+	y1 := w.placeAXY()
 	w.e.Close()
 	w.db.Close()
 	w.foreignAt(1, "srv/x/r")
 	w.start()
 	w.e.OfferKeyset(w.tr.KeysetEnvelope)
-	_, a2 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"), revFile("a:p", "a", "/srv/x/p", "p2\n"))
-	_, x2 := w.composition("x", w.fps["x"], true, revFile("x:q", "x", "/srv/x/q", "q2\n"), revFile("x:r", "x", "/srv/x/r", "r2\n"))
-	w.offer(a2, x2, y1)
+	w.offerXPathToA(y1)
 	os.Remove(filepath.Join(w.root, "srv/x/r"))
 	defer func() {
 		if p := recover(); p != nil {
@@ -623,6 +608,32 @@ func TestRefusedRollbackThenAppliedWhole(t *testing.T) {
 	if kept, err := w.db.Load(); err != nil || kept.Rollback != nil {
 		t.Errorf("kept rollback %+v (%v)", kept.Rollback, err)
 	}
+}
+
+// placeAXY applies modules a (/srv/a/k), x (/srv/x/p, q) and y
+// (/srv/y/1) and returns y's want.
+func (w *unitWorld) placeAXY() *typev1.Want {
+	_, a1 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"))
+	_, x1 := w.composition("x", w.fps["x"], true, revFile("x:p", "x", "/srv/x/p", "p1\n"), revFile("x:q", "x", "/srv/x/q", "q1\n"))
+	_, y1 := w.composition("y", w.fps["y"], true, revFile("y:1", "y", "/srv/y/1", "y1\n"))
+	w.offer(a1, x1, y1)
+	return y1
+}
+
+// offerXPathToA offers the manifest that moves /srv/x/p from x to a (x
+// gets /srv/x/r), with y's want y.
+func (w *unitWorld) offerXPathToA(y *typev1.Want) {
+	_, a2 := w.composition("a", w.fps["a"], true, revFile("a:k", "a", "/srv/a/k", "k\n"), revFile("a:p", "a", "/srv/x/p", "p2\n"))
+	_, x2 := w.composition("x", w.fps["x"], true, revFile("x:q", "x", "/srv/x/q", "q2\n"), revFile("x:r", "x", "/srv/x/r", "r2\n"))
+	w.offer(a2, x2, y)
+}
+
+// netSyncFails fails the fsync of /srv/net.
+func netSyncFails(dir string) error {
+	if strings.HasSuffix(dir, "/srv/net") {
+		return errors.New("EIO")
+	}
+	return nil
 }
 
 // startWrapped starts the engine on the state wrapped by wrap.
@@ -657,12 +668,7 @@ func TestRollbackFsyncFailureStillRolledBack(t *testing.T) {
 	w := newUnitWorld(t)
 	env1 := w.netV1()
 	w.foreignAt(2, "srv/net/c")
-	w.syncFault = func(d string) error {
-		if strings.HasSuffix(d, "/srv/net") {
-			return errors.New("EIO")
-		}
-		return nil
-	}
+	w.syncFault = netSyncFails
 	w.restart()
 	w.offer(w.netV2())
 	w.wantFiles("after the pass", map[string]string{"a": "a1\n", "aa": "", "b": "b1\n", "c": "foreign\n"})
