@@ -260,8 +260,9 @@ func keepFirst(first, err error) error {
 
 // Manifest verifies a signed manifest for a node at now: the signature (by a
 // key usable at now), the node, expiry with Skew allowed, issue time and
-// revision (as milliseconds since 1970) no more than MaxAhead in the future, the keyset's revision floor and the wants'
-// form. Revision ordering against what the node holds is the caller's.
+// revision (as milliseconds since 1970) no more than MaxAhead in the future,
+// the keyset's revision floor and the wants' form. Revision ordering
+// against what the node holds is the caller's.
 func (k *Keyring) Manifest(env *typev1.Envelope, node string, now time.Time) (*typev1.Manifest, string, error) {
 	if _, err := k.Verify(env, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, now); err != nil {
 		return nil, "", err
@@ -289,8 +290,8 @@ func (k *Keyring) Recheck(keyID string, m *typev1.Manifest, node string, now tim
 
 // CheckManifest makes the checks of Manifest but the signature's on a
 // manifest opened from an envelope Verify accepted: the node, expiry with
-// Skew allowed, issue time and revision no more than MaxAhead in the future, the
-// keyset's revision floor and the wants' form.
+// Skew allowed, issue time and revision no more than MaxAhead in the
+// future, the keyset's revision floor and the wants' form.
 func (k *Keyring) CheckManifest(m *typev1.Manifest, node string, now time.Time) error {
 	if m.GetNode() != node {
 		return fmt.Errorf("%w: manifest of node %q, not %q", ErrNode, m.GetNode(), node)

@@ -174,6 +174,21 @@ func (r *Reconciler) enqueue(node string, t task) {
 		r.pending[node] = t
 	}
 	r.mu.Unlock()
+	r.wakeWorker()
+}
+
+// releaseLocked ends a node's turn (a pass or a status refresh): a task
+// queued for it meanwhile goes to the queue.
+func (r *Reconciler) releaseLocked(node string) {
+	delete(r.running, node)
+	if again, ok := r.dirty[node]; ok {
+		delete(r.dirty, node)
+		r.queueLocked(node, again)
+	}
+}
+
+// wakeWorker tells a waiting worker that the queue changed.
+func (r *Reconciler) wakeWorker() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -559,16 +574,9 @@ func (r *Reconciler) refreshStatus(ctx context.Context, node string) {
 		r.cfg.Logger.Warn("refresh status", "node", node, "error", err)
 	}
 	r.mu.Lock()
-	delete(r.running, node)
-	if again, ok := r.dirty[node]; ok {
-		delete(r.dirty, node)
-		r.queueLocked(node, again)
-	}
+	r.releaseLocked(node)
 	r.mu.Unlock()
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
+	r.wakeWorker()
 }
 
 // Lead runs passes while ctx (the lease tenure) lasts: a full reconcile at
@@ -700,17 +708,10 @@ func (r *Reconciler) done(node string, res *pass.Result, err error) {
 		r.cfg.OnPass(node, res, err)
 	}
 	r.mu.Lock()
-	delete(r.running, node)
-	if again, ok := r.dirty[node]; ok {
-		delete(r.dirty, node)
-		r.queueLocked(node, again)
-	}
+	r.releaseLocked(node)
 	r.scheduleLocked(node, res, err)
 	r.mu.Unlock()
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
+	r.wakeWorker()
 }
 
 // Visits after a failure: the first soon, then backing off to
