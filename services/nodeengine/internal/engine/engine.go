@@ -136,8 +136,10 @@ type Engine struct {
 	appliedComps map[string]*typev1.Composition
 	appliedErr   error
 	keysetErr    error
-	// reportSeq is the last report_seq sent (state.NextReportSeq).
+	// reportSeq is the last report_seq sent (state.NextReportSeq), and
+	// seqKept the ceiling kept in the state (reportSeqReserve).
 	reportSeq   uint64
+	seqKept     uint64
 	keptWants   map[string]state.KeptWant
 	keptEntries map[string]bool
 	pending     *state.Journal // ops ran, commit failed: replayed by the next pass
@@ -344,7 +346,7 @@ func (e *Engine) loadKept(k *state.Kept) {
 	e.rollback = k.Rollback
 	e.applied, e.appliedErr = k.Applied, k.AppliedErr
 	e.keysetErr = k.KeysetErr
-	e.reportSeq = k.ReportSeq
+	e.reportSeq, e.seqKept = k.ReportSeq, k.ReportSeq
 	if k.JournalErr != nil && e.ledgerErr == nil {
 		// A journal that cannot be read may hide a half-done apply: the
 		// ledger cannot be trusted until someone looks.
@@ -623,11 +625,27 @@ func (e *Engine) Hello() (*composerv1.Hello, uint64) {
 	}, e.reportVer
 }
 
-// nextSeqLocked takes the next report_seq and keeps it; a failed write is
-// said once and the sequence goes on in memory.
+// reportSeqReserve is how far above the report_seq it sends the engine
+// keeps a ceiling in its state: the ceiling is written when a report_seq
+// passes it, not at every report (a bbolt commit, two fsyncs, per Hello
+// and per report), and the engine's first report_seq after a restart is
+// above it, so above every one sent before. report_seq follows the clock
+// in ms (state.NextReportSeq): about one write per 10 minutes of reports.
+const reportSeqReserve = 10 * 60 * 1000
+
+// nextSeqLocked takes the next report_seq, keeping a new ceiling first
+// when it passes the one kept; a failed write is said once and the
+// sequence goes on in memory (the clock keeps it above every one sent).
 func (e *Engine) nextSeqLocked() uint64 {
 	e.reportSeq = state.NextReportSeq(e.reportSeq, e.cfg.Now())
-	e.noteWrite("report_seq", e.cfg.Store.PutReportSeq(e.reportSeq))
+	if e.reportSeq > e.seqKept {
+		ceiling := e.reportSeq + reportSeqReserve
+		err := e.cfg.Store.PutReportSeq(ceiling)
+		if err == nil {
+			e.seqKept = ceiling
+		}
+		e.noteWrite("report_seq", err)
+	}
 	return e.reportSeq
 }
 

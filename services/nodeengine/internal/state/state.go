@@ -418,7 +418,8 @@ type Kept struct {
 	// Rollback is read with the journal (JournalErr covers it).
 	Rollback   *Rollback
 	JournalErr error
-	// ReportSeq is the last report_seq sent on the Sync stream.
+	// ReportSeq is at least the last report_seq sent on the Sync stream:
+	// the engine keeps a ceiling above the ones it sends.
 	ReportSeq    uint64
 	ReportSeqErr error
 }
