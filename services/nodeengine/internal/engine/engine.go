@@ -136,6 +136,9 @@ type Engine struct {
 	appliedComps map[string]*typev1.Composition
 	appliedErr   error
 	keysetErr    error
+	// keysetNotRoots is why the kept keyset was not taken though it was
+	// read: it does not verify against the pinned roots ("" otherwise).
+	keysetNotRoots string
 	// reportSeq is the last report_seq sent (state.NextReportSeq), and
 	// seqKept the ceiling kept in the state (reportSeqReserve).
 	reportSeq   uint64
@@ -387,10 +390,44 @@ func (e *Engine) loadKept(k *state.Kept) {
 	if k.Keyset != nil {
 		ring, err := verify.Keyset(e.cfg.Roots, k.Keyset)
 		if err != nil {
-			// The roots changed under a kept keyset: wait for one they sign.
+			// The roots changed under a kept keyset, or its bytes did:
+			// wait for one they sign, no older than the newest taken
+			// (takeKeysets).
+			e.keysetNotRoots = err.Error()
 			e.log.Warn("kept keyset does not verify against the pinned roots", slog.Any("error", err))
 		} else {
 			e.keyring = ring
+		}
+	}
+	if e.hwErr == nil {
+		e.raiseMarks(k)
+	}
+}
+
+// raiseMarks raises the high-water marks to the manifests the kept state
+// shows were accepted (each was marked before anything of it was applied):
+// the applied manifest and that of an unfinished apply. Marks below them
+// were lost — a marks record that is not there reads as none kept — and a
+// replayed manifest between the two would pass. Raised in memory: the next
+// manifest taken keeps them.
+func (e *Engine) raiseMarks(k *state.Kept) {
+	raise := func(env *typev1.Envelope, what string) {
+		m := &typev1.Manifest{}
+		if env == nil || envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m) != nil {
+			return
+		}
+		if m.GetRevision() > e.hw.Revision {
+			e.log.Warn("kept high-water mark below "+what+": raised to it",
+				slog.Uint64("kept", e.hw.Revision), slog.Uint64("revision", m.GetRevision()))
+			e.hw.Revision, e.hw.Digest = m.GetRevision(), envelope.Digest(env)
+		}
+		e.hw.KeysetVersion = max(e.hw.KeysetVersion, m.GetKeysetVersion())
+	}
+	raise(e.applied.Manifest, "the applied manifest")
+	if j := k.Journal; j != nil && len(j.Manifest) > 0 {
+		env := &typev1.Envelope{}
+		if proto.Unmarshal(j.Manifest, env) == nil {
+			raise(env, "the manifest of an unfinished apply")
 		}
 	}
 }
@@ -489,7 +526,12 @@ func (e *Engine) failedFetches() map[string]string {
 // OfferKeyset hands the engine a keyset received on the Sync stream.
 func (e *Engine) OfferKeyset(env *typev1.Envelope) {
 	e.mu.Lock()
+	// Bounded as manifests are: a stream may send keysets faster than
+	// passes take them, and only the highest version is ever taken.
 	e.keysetOffers = append(e.keysetOffers, env)
+	if len(e.keysetOffers) > MaxOffers {
+		e.keysetOffers = e.keysetOffers[len(e.keysetOffers)-MaxOffers:]
+	}
 	e.mu.Unlock()
 	e.Poke()
 }

@@ -212,12 +212,17 @@ func (w *unitWorld) revokeSigningKey() (old ed25519.PrivateKey, keyset *typev1.E
 // restartWithKeysetUnreadable stops the engine, makes its kept keyset
 // section unreadable and starts it again.
 func (w *unitWorld) restartWithKeysetUnreadable() {
-	t := w.t
-	w.e.Close()
-	if err := w.db.Bolt().Update(func(tx *bolt.Tx) error {
+	w.restartEditing(func(tx *bolt.Tx) error {
 		return tx.Bucket([]byte(state.SectionKeyset)).Put([]byte(state.SectionKeyset), []byte("garbage"))
-	}); err != nil {
-		t.Fatal(err)
+	})
+}
+
+// restartEditing stops the engine, changes its state file with edit (as
+// a damaged disk, or a hand, would) and starts it again.
+func (w *unitWorld) restartEditing(edit func(tx *bolt.Tx) error) {
+	w.e.Close()
+	if err := w.db.Bolt().Update(edit); err != nil {
+		w.t.Fatal(err)
 	}
 	w.db.Close()
 	w.start()

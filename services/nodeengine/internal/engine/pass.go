@@ -306,13 +306,14 @@ func (e *Engine) takeKeysets() {
 		if e.keyring != nil && ring.Version() <= e.keyring.Version() {
 			continue // only a higher version is taken
 		}
-		if e.keyring == nil && e.keysetErr != nil {
-			// The kept keyset is unreadable: an older keyset than the
-			// newest this engine took is a rollback (it may list keys a
-			// later one revoked) and repairs nothing.
+		if e.keyring == nil {
+			// No keyset held (the kept one unreadable, not signed by the
+			// roots, or lost): an older keyset than the newest this
+			// engine took is a rollback (it may list keys a later one
+			// revoked) and replaces nothing.
 			if floor, from := e.keysetFloorLocked(); ring.Version() < floor {
-				e.keysetRefused = fmt.Sprintf("keyset refused: version %d is older than version %d (%s; the kept keyset is unreadable, and only a keyset at least that new repairs it)",
-					ring.Version(), floor, from)
+				e.keysetRefused = fmt.Sprintf("keyset refused: version %d is older than version %d (%s; %s, and only a keyset at least that new replaces it)",
+					ring.Version(), floor, from, e.noKeysetLocked())
 				e.refuseLocked(composerv1.ReasonCode_REASON_CODE_KEYSET_INVALID, e.keysetRefused)
 				continue
 			}
@@ -335,7 +336,7 @@ func (e *Engine) takeKeysets() {
 		}
 		e.log.Info("keyset accepted", slog.Uint64("version", ring.Version()))
 		e.keyring = ring
-		e.keysetRefused = ""
+		e.keysetRefused, e.keysetNotRoots = "", ""
 		if e.keysetErr != nil {
 			e.keysetErr = nil
 			e.unblockLocked()
@@ -366,6 +367,17 @@ func (e *Engine) keysetFloorLocked() (uint64, string) {
 		}
 	}
 	return floor, from
+}
+
+// noKeysetLocked says why the engine holds no keyset.
+func (e *Engine) noKeysetLocked() string {
+	switch {
+	case e.keysetErr != nil:
+		return "the kept keyset is unreadable"
+	case e.keysetNotRoots != "":
+		return "the kept keyset does not verify against the pinned roots: " + e.keysetNotRoots
+	}
+	return "no keyset is kept"
 }
 
 // unblockLocked clears the blocked reason once no section blocks.
