@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"mesh.dev/internal/names"
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
@@ -75,23 +77,37 @@ code and words, held moves with their reasons, and the last compose error.
 // progress line whenever the count changes and, when the table changed,
 // the whole status table again (at most every liveEvery), so the operator
 // watches each node move; the final table is printed once converged, and
-// with every reason on timeout, whose error names the nodes not converged.
+// with every reason on timeout, whose error names the nodes not converged
+// (unless that last read shows them all converged). A read that fails for
+// a lasting reason (lasting) ends the wait at once; any other failure is
+// said when it starts or changes, and asked again.
 func WaitConverged(ctx context.Context, w io.Writer, fetch func(context.Context) ([]*composerv1.NodeStatus, error), named []string, want int, why bool) error {
 	const liveEvery = 2 * time.Second
-	lastLine, lastTable := "", ""
+	lastLine, lastTable, lastErr := "", "", ""
 	var printed time.Time
 	start := time.Now()
+	converged := func(sts []*composerv1.NodeStatus) (conv int, missing []string, done bool) {
+		for _, st := range sts {
+			if st.GetConverged() {
+				conv++
+			}
+		}
+		missing = missingNodes(sts, named)
+		return conv, missing, len(sts) > 0 && conv == len(sts) && len(sts) >= want && len(missing) == 0
+	}
 	for {
 		sts, err := fetch(ctx)
-		if err == nil {
-			conv := 0
-			for _, st := range sts {
-				if st.GetConverged() {
-					conv++
-				}
-			}
-			missing := missingNodes(sts, named)
-			done := len(sts) > 0 && conv == len(sts) && len(sts) >= want && len(missing) == 0
+		switch {
+		case err != nil && lasting(err):
+			// Asking again cannot help (who is asking, or how).
+			return fmt.Errorf("status not read: %w", err)
+		case err != nil && ctx.Err() == nil && err.Error() != lastErr:
+			// Said when it starts or changes, and asked again.
+			fmt.Fprintf(w, "[%5.1fs] status not read (asked again): %v\n", time.Since(start).Seconds(), err)
+			lastErr = err.Error()
+		case err == nil:
+			lastErr = ""
+			conv, missing, done := converged(sts)
 			line := fmt.Sprintf("%d/%d nodes converged", conv, len(sts))
 			if len(missing) > 0 {
 				line += "; no status yet of " + quoteList(missing)
@@ -123,9 +139,19 @@ func WaitConverged(ctx context.Context, w io.Writer, fetch func(context.Context)
 		}
 		select {
 		case <-ctx.Done():
-			sts, err := fetch(context.Background())
+			// One last read, bounded on its own: the fleet may have
+			// converged within the last poll.
+			last, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			sts, err := fetch(last)
+			cancel()
 			if err != nil {
 				return fmt.Errorf("not converged: %w (and the status could not be read: %v)", ctx.Err(), err)
+			}
+			if _, _, done := converged(sts); done {
+				line := fmt.Sprintf("%d/%d nodes converged", len(sts), len(sts))
+				fmt.Fprintf(w, "[%5.1fs] %s\n", time.Since(start).Seconds(), line)
+				RenderStatus(w, sts, why, time.Now())
+				return nil
 			}
 			RenderStatus(w, sts, true, time.Now())
 			var not []string
@@ -144,6 +170,18 @@ func WaitConverged(ctx context.Context, w io.Writer, fetch func(context.Context)
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// lasting reports whether a status read failed for a reason asking again
+// does not mend: the caller's identity or rights, the request itself, or a
+// composer without the method. Anything else (unreachable, restarting, a
+// deadline) is asked again.
+func lasting(err error) bool {
+	switch status.Code(err) {
+	case codes.Unauthenticated, codes.PermissionDenied, codes.InvalidArgument, codes.Unimplemented:
+		return true
+	}
+	return false
 }
 
 // missingNodes returns the nodes of named no status is of, in order.
@@ -187,7 +225,7 @@ func stateWord(st *composerv1.NodeStatus) string {
 	switch {
 	case st.GetLastError() != "":
 		return "ERROR"
-	case st.GetConverged() && len(st.GetHolds()) > 0:
+	case st.GetConverged() && (len(st.GetHolds()) > 0 || engineHeld(st) != nil):
 		return "CONVERGED (holds)"
 	case st.GetConverged():
 		return "CONVERGED"
@@ -205,8 +243,52 @@ func stateWord(st *composerv1.NodeStatus) string {
 	return "CONVERGING"
 }
 
+// inEffect reports whether a module runs its wanted composition with
+// nothing to say: applied at the wanted digest, not held by the composer,
+// and its engine's last attempt APPLIED (or none reported). A FAILED or
+// STALE attempt at the wanted digest is where an engine says it refused a
+// manifest or applies nothing (its state unreadable); a HELD one, that it
+// holds the module where it is.
+func inEffect(m *composerv1.ModuleStatus) bool {
+	s := m.GetState()
+	return m.GetWantedDigest() != "" && m.GetWantedDigest() == m.GetAppliedDigest() && m.GetHold() == nil &&
+		(s == composerv1.AttemptState_ATTEMPT_STATE_APPLIED || s == composerv1.AttemptState_ATTEMPT_STATE_UNSPECIFIED)
+}
+
+// engineHeld is the first module the engine holds at its wanted digest
+// (converged, yet held where it is), nil when none is.
+func engineHeld(st *composerv1.NodeStatus) *composerv1.ModuleStatus {
+	for _, m := range st.GetModules() {
+		if m.GetState() == composerv1.AttemptState_ATTEMPT_STATE_HELD && m.GetWantedDigest() != "" && m.GetWantedDigest() == m.GetAppliedDigest() {
+			return m
+		}
+	}
+	return nil
+}
+
+// nodeFirst is the modules of a status with the node's own first: the
+// engine says on it why it refused a manifest or applies nothing.
+func nodeFirst(st *composerv1.NodeStatus) []*composerv1.ModuleStatus {
+	ms := slices.Clone(st.GetModules())
+	slices.SortStableFunc(ms, func(a, b *composerv1.ModuleStatus) int {
+		return cmpBool(b.GetModule() == names.NodeModule, a.GetModule() == names.NodeModule)
+	})
+	return ms
+}
+
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
 // notConvergedBecause is the first reason a node is not converged, in one
-// line; "" for a converged node with no compose error.
+// line; for a converged node, what it holds; "" when there is nothing to
+// say.
 func notConvergedBecause(st *composerv1.NodeStatus) string {
 	if st.GetLastError() != "" {
 		return "compose error: " + st.GetLastError()
@@ -219,13 +301,16 @@ func notConvergedBecause(st *composerv1.NodeStatus) string {
 			}
 			return r
 		}
+		if m := engineHeld(st); m != nil {
+			return fmt.Sprintf("runs what it may; %s %s", m.GetModule(), attemptWords(m))
+		}
 		return ""
 	}
 	if st.GetLastSeen() == nil && st.GetAppliedRevision() == 0 {
 		return "its engine has not connected yet"
 	}
-	for _, m := range st.GetModules() {
-		if m.GetWantedDigest() != "" && m.GetWantedDigest() == m.GetAppliedDigest() && m.GetHold() == nil {
+	for _, m := range nodeFirst(st) {
+		if inEffect(m) {
 			continue
 		}
 		if h := m.GetHold(); h != nil {
@@ -288,7 +373,7 @@ func RenderStatus(w io.Writer, sts []*composerv1.NodeStatus, why bool, now time.
 		return
 	}
 	for _, st := range sts {
-		if st.GetConverged() && len(st.GetHolds()) == 0 && st.GetLastError() == "" {
+		if st.GetConverged() && len(st.GetHolds()) == 0 && st.GetLastError() == "" && engineHeld(st) == nil {
 			continue
 		}
 		fmt.Fprintf(w, "\n%s:\n", st.GetNode())
@@ -298,8 +383,8 @@ func RenderStatus(w io.Writer, sts []*composerv1.NodeStatus, why bool, now time.
 		if st.GetAppliedRevision() != st.GetManifestRevision() {
 			fmt.Fprintf(w, "  manifest r%d is wanted, the engine applied r%d\n", st.GetManifestRevision(), st.GetAppliedRevision())
 		}
-		for _, m := range st.GetModules() {
-			if m.GetWantedDigest() != "" && m.GetWantedDigest() == m.GetAppliedDigest() && m.GetHold() == nil {
+		for _, m := range nodeFirst(st) {
+			if inEffect(m) {
 				continue
 			}
 			var b strings.Builder

@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"io"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	composerv1 "mesh.dev/proto/mesh/composer/v1"
@@ -127,5 +130,100 @@ func TestWaitConvergedNamesTheMissing(t *testing.T) {
 	}
 	if n := strings.Count(out.String(), "nodes converged"); n != 1 {
 		t.Errorf("the unchanged progress line was printed %d times, want once:\n%s", n, out.String())
+	}
+}
+
+// An engine that refuses a manifest whose compositions are all applied
+// already (a blocked engine, a refused renewal) says why on its attempts,
+// not in its digests: status --why and the --wait line say it, the node's
+// own module first (where the engine puts a refusal).
+func TestWhySaysARefusalOfAManifestWhoseCompositionsAreApplied(t *testing.T) {
+	t.Parallel()
+	const reason = "kept high-water marks unreadable, nothing is applied until it is repaired"
+	mod := func(m string) *composerv1.ModuleStatus {
+		return &composerv1.ModuleStatus{Module: m, WantedDigest: "sha256:" + m, AppliedDigest: "sha256:" + m,
+			State: composerv1.AttemptState_ATTEMPT_STATE_FAILED, ReasonCode: composerv1.ReasonCode_REASON_CODE_STATE_UNREADABLE, Reason: reason}
+	}
+	st := &composerv1.NodeStatus{Node: "dev-2", ManifestRevision: 9, AppliedRevision: 8, LastSeen: timestamppb.New(time.Now()),
+		Modules: []*composerv1.ModuleStatus{mod("motd"), mod("node")}}
+	var out strings.Builder
+	RenderStatus(&out, []*composerv1.NodeStatus{st}, true, time.Now())
+	if !strings.Contains(out.String(), "last attempt FAILED STATE_UNREADABLE: "+reason) {
+		t.Errorf("status --why does not say why the manifest is not applied:\n%s", out.String())
+	}
+	if i, j := strings.Index(out.String(), "  node:"), strings.Index(out.String(), "  motd:"); i < 0 || j < 0 || i > j {
+		t.Errorf("status --why does not list the node's own module first:\n%s", out.String())
+	}
+	if r := notConvergedBecause(st); r != "node FAILED STATE_UNREADABLE: "+reason {
+		t.Errorf("the --wait line says %q", r)
+	}
+}
+
+// A module the engine holds at its wanted digest (a need no longer met)
+// leaves the node converged, said as a hold with the engine's words.
+func TestEngineHoldAtTheWantedDigestSaid(t *testing.T) {
+	t.Parallel()
+	st := &composerv1.NodeStatus{Node: "dev-1", Converged: true, ManifestRevision: 9, AppliedRevision: 9, LastSeen: timestamppb.New(time.Now()),
+		Modules: []*composerv1.ModuleStatus{{Module: "backup", WantedDigest: "sha256:b", AppliedDigest: "sha256:b",
+			State: composerv1.AttemptState_ATTEMPT_STATE_HELD, ReasonCode: composerv1.ReasonCode_REASON_CODE_NEED_UNMET, Reason: "needs postgres >= 16"}}}
+	var out strings.Builder
+	RenderStatus(&out, []*composerv1.NodeStatus{st}, true, time.Now())
+	for _, want := range []string{"CONVERGED (holds)", "backup: wanted", "HELD NEED_UNMET: needs postgres >= 16"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status --why lacks %q:\n%s", want, out.String())
+		}
+	}
+	if r := notConvergedBecause(st); r != "runs what it may; backup HELD NEED_UNMET: needs postgres >= 16" {
+		t.Errorf("the --wait line says %q", r)
+	}
+}
+
+// A status read refused for who asks ends --wait at once with the refusal;
+// one that fails for a while (the composer unreachable) is said and asked
+// again.
+func TestWaitEndsAtOnceOnALastingError(t *testing.T) {
+	t.Parallel()
+	denied := status.Error(codes.PermissionDenied, "builder/ci may not call /mesh.composer.v1.ComposerService/ListStatus")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := WaitConverged(ctx, io.Discard, func(context.Context) ([]*composerv1.NodeStatus, error) { return nil, denied }, nil, 0, false)
+	if took := time.Since(start); took > time.Second || status.Code(err) != codes.PermissionDenied {
+		t.Errorf("WaitConverged took %s and returned %v, want PERMISSION_DENIED at once", took.Round(time.Millisecond), err)
+	}
+
+	var mu sync.Mutex
+	calls := 0
+	fetch := func(context.Context) ([]*composerv1.NodeStatus, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls <= 2 {
+			return nil, status.Error(codes.Unavailable, "connection refused")
+		}
+		return []*composerv1.NodeStatus{{Node: "ace", Converged: true, ManifestRevision: 7, AppliedRevision: 7, LastSeen: timestamppb.Now()}}, nil
+	}
+	var out strings.Builder
+	if err := WaitConverged(ctx, &out, fetch, nil, 1, false); err != nil {
+		t.Fatalf("WaitConverged: %v\n%s", err, out.String())
+	}
+	if n := strings.Count(out.String(), "status not read (asked again): rpc error: code = Unavailable desc = connection refused"); n != 1 {
+		t.Errorf("the unavailable composer said %d times, want once:\n%s", n, out.String())
+	}
+}
+
+// A fleet that converged within the last poll before the deadline is
+// converged: the last read decides.
+func TestWaitConvergedAtTheDeadline(t *testing.T) {
+	t.Parallel()
+	seen := timestamppb.New(time.Now())
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	fetch := func(context.Context) ([]*composerv1.NodeStatus, error) {
+		return []*composerv1.NodeStatus{{Node: "ace", Converged: ctx.Err() != nil, ManifestRevision: 7, AppliedRevision: 7, LastSeen: seen}}, nil
+	}
+	var out strings.Builder
+	if err := WaitConverged(ctx, &out, fetch, nil, 1, false); err != nil {
+		t.Errorf("WaitConverged: %v, though its last read shows every node converged:\n%s", err, out.String())
 	}
 }

@@ -28,7 +28,9 @@ type LastSeen func(node string) time.Time
 
 // BuildStatus derives a node's status from its assignment, its haves and the
 // pass's error (DESIGN.md §5.3): wanted vs applied per module with the
-// engine's last attempt, holds, the manifest's revision and expiry.
+// engine's last attempt, holds, the manifest's revision and expiry. A node
+// is converged when its engine applied the manifest and every wanted
+// composition, and reports none of them FAILED or STALE.
 func BuildStatus(node string, asg *composerv1.Assignment, haves *composerv1.HaveRecord, lastErr error, prev *composerv1.NodeStatus, seen time.Time, now time.Time) *composerv1.NodeStatus {
 	st := &composerv1.NodeStatus{
 		Node: node, Holds: asg.GetHolds(), ManifestRevision: asg.GetManifestRevision(), ManifestExpiresAt: asg.GetManifestExpiresAt(),
@@ -63,7 +65,13 @@ func BuildStatus(node string, asg *composerv1.Assignment, haves *composerv1.Have
 			State: h.GetAttempt().GetState(), ReasonCode: h.GetAttempt().GetReasonCode(), Reason: h.GetAttempt().GetReason(),
 			Since: h.GetAttempt().GetSince(), Hold: holdOf[w.GetModule()],
 		}
-		if ms.AppliedDigest != ms.WantedDigest {
+		// Applied at the wanted digest is not enough: an engine that
+		// reports FAILED or STALE for the module (its state unreadable, a
+		// manifest refused, expired) applies nothing new and may not
+		// correct drift. HELD at the wanted digest keeps it in effect and
+		// is shown as a hold.
+		if ms.AppliedDigest != ms.WantedDigest || ms.State == composerv1.AttemptState_ATTEMPT_STATE_FAILED ||
+			ms.State == composerv1.AttemptState_ATTEMPT_STATE_STALE {
 			converged = false
 		}
 		st.Modules = append(st.Modules, ms)
