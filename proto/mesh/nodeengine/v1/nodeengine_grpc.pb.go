@@ -43,7 +43,7 @@ type NodeEngineServiceClient interface {
 	// Codes: none of its own: it answers from the engine's memory.
 	FirstViews(ctx context.Context, in *FirstViewsRequest, opts ...grpc.CallOption) (*FirstViewsResponse, error)
 	// EntryAgain drops the kept entry of a fingerprint (the module holds until
-	// the answer) and asks the catalog again. Callers: operator.
+	// the answer) and asks the catalog again. Callers: operator, the node itself.
 	// Codes: INVALID_ARGUMENT (malformed fingerprint), NOT_FOUND ("no entry of
 	// <fp> is kept") when the fingerprint is neither kept nor in the cache.
 	EntryAgain(ctx context.Context, in *EntryAgainRequest, opts ...grpc.CallOption) (*EntryAgainResponse, error)
@@ -106,7 +106,7 @@ type NodeEngineServiceServer interface {
 	// Codes: none of its own: it answers from the engine's memory.
 	FirstViews(context.Context, *FirstViewsRequest) (*FirstViewsResponse, error)
 	// EntryAgain drops the kept entry of a fingerprint (the module holds until
-	// the answer) and asks the catalog again. Callers: operator.
+	// the answer) and asks the catalog again. Callers: operator, the node itself.
 	// Codes: INVALID_ARGUMENT (malformed fingerprint), NOT_FOUND ("no entry of
 	// <fp> is kept") when the fingerprint is neither kept nor in the cache.
 	EntryAgain(context.Context, *EntryAgainRequest) (*EntryAgainResponse, error)
