@@ -287,7 +287,8 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 		CatalogCaughtUp: c.View.CaughtUp,
 	})
 	rec = reconcile.New(reconcile.Config{Store: c.Store, Passer: c.Passer, Logger: log, Workers: cfg.Workers, Tracer: tracer,
-		Period: time.Duration(cfg.ReconcilePeriod), OnPass: opts.OnPass, OnNodeDeleted: c.Hub.NodeGone})
+		Period: time.Duration(cfg.ReconcilePeriod), OnPass: opts.OnPass, OnNodeDeleted: c.Hub.NodeGone,
+		OnLabelsChanged: c.Hub.NodeChanged})
 	c.Reconciler = rec
 	c.Trust.OnChange(func(*verify.Keyring) {
 		c.Hub.NotifyKeyset()

@@ -342,3 +342,52 @@ func TestSyncHealth(t *testing.T) {
 		return st == healthpb.HealthCheckResponse_SERVING, st.String()
 	})
 }
+
+// TestSyncHeardFollowsARelabel: a need's selector picks nodes by label, and
+// a relabel rewrites no assignment and no haves record: the reconciler's
+// spec watch wakes the streams hearing the node, which judge the selector
+// again.
+func TestSyncHeardFollowsARelabel(t *testing.T) {
+	t.Parallel()
+	w := ct.New(t)
+	c := w.StartComposer(t, "one")
+	serverFP := w.Release(t, &typev1.ModuleManifest{Module: "server", Version: "1.0", Upgrade: ct.Auto, Resources: []*typev1.ResourceTemplate{
+		{Name: "conf", Type: ct.File, Path: "/etc/server.conf", Content: ct.Text("s")}}}, nil)
+	clientFP := w.Release(t, &typev1.ModuleManifest{Module: "client", Version: "1.0", Upgrade: ct.Auto,
+		Needs:     []*typev1.Need{{Module: "server", Selector: &typev1.LabelSelector{MatchLabels: map[string]string{"zone": "a"}}}},
+		Resources: []*typev1.ResourceTemplate{{Name: "conf", Type: ct.File, Path: "/etc/client.conf", Content: ct.Text("c")}}}, nil)
+	c.PutNode(t, ct.Spec("ace", "client"))
+	s1 := ct.Spec("s1", "server")
+	s1.Labels["zone"] = "a"
+	c.PutNode(t, s1)
+	w.Converged(t, "ace", map[string]string{"client": clientFP})
+	w.Converged(t, "s1", map[string]string{"server": serverFP})
+	ct.WaitFor(t, "specs seen", 10*time.Second, func() (bool, string) { return len(c.Reconciler.Nodes()) == 2, "not yet" })
+	e := w.Dial(t, c.Addr, "ace", &composerv1.Hello{Node: "ace", KeysetVersion: 1})
+	heard := func(want string) {
+		t.Helper()
+		got := "(none)"
+		for {
+			msg, err := e.Recv(10 * time.Second)
+			if err != nil {
+				t.Fatalf("heard %q, want %q: %v", got, want, err)
+			}
+			if h := msg.GetHeard(); h != nil {
+				if got = heardWords(h); got == want {
+					return
+				}
+			}
+		}
+	}
+	heard("server: s1 " + serverFP + " stopped")
+	// ace's Hello writes its haves, which wakes its stream once more: let
+	// that pass, so only the relabel can wake it.
+	ct.WaitFor(t, "ace's haves written", 10*time.Second, func() (bool, string) {
+		_, err := c.Store.Haves.Get(context.Background(), "ace")
+		return err == nil, fmt.Sprint(err)
+	})
+	time.Sleep(1500 * time.Millisecond)
+	s1.Labels["zone"] = "b"
+	c.PutNode(t, s1)
+	heard("server: ")
+}

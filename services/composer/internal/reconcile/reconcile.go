@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -46,7 +47,12 @@ type Config struct {
 	// OnNodeDeleted, when set, is called when a node's spec is deleted
 	// (the Sync streams of the node end).
 	OnNodeDeleted func(node string)
-	Now           func() time.Time
+	// OnLabelsChanged, when set, is called when a node's labels changed,
+	// after Spec returns the new ones (the Sync streams hearing it judge
+	// their needs' selectors again: no assignment or haves write wakes
+	// them for a relabel).
+	OnLabelsChanged func(node string)
+	Now             func() time.Time
 	// Tracer makes a "composer.pass" span for each change that queues
 	// passes; each node's pass continues its trace.
 	Tracer trace.Tracer
@@ -348,6 +354,9 @@ func (r *Reconciler) watchSpecs(ctx context.Context) error {
 		old := r.specs[node]
 		r.specs[node] = spec
 		r.mu.Unlock()
+		if r.cfg.OnLabelsChanged != nil && (old == nil || !maps.Equal(old.GetLabels(), spec.GetLabels())) {
+			r.cfg.OnLabelsChanged(node)
+		}
 		if old == nil || !proto.Equal(old, spec) {
 			r.Enqueue(tctx, node, "node spec changed")
 		}

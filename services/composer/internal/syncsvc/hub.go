@@ -276,6 +276,11 @@ func (h *Hub) watchHaves(ctx context.Context) error {
 				h.haveRev[e.Key] = e.Revision
 				next = appliedOf(rec)
 			} else {
+				// Runs nothing until a record decodes again (next is
+				// empty): the record it compares with goes too, or a
+				// good record equal to the last good one would change
+				// nothing and leave the node heard stopped.
+				delete(h.haves, e.Key)
 				delete(h.haveRev, e.Key)
 			}
 			// A write seen live counts from when it was seen, so a
@@ -554,6 +559,15 @@ func (h *Hub) NodeGone(node string) {
 			close(s.gone)
 		}
 	}
+}
+
+// NodeChanged wakes the streams that hear node's modules, and node's own,
+// to judge their Heard again: its labels changed, which a need's selector
+// reads, and no assignment or haves write says so.
+func (h *Hub) NodeChanged(node string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.notifyHeardLocked(node, h.modulesOfLocked(node))
 }
 
 func (h *Hub) subscribe(node string) *sub {

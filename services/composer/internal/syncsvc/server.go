@@ -207,14 +207,16 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 		sentKeyset = ring.Version()
 		return nil
 	}
-	sendManifest := func() error {
+	// sendManifest sends the node's manifest when newer than the one sent
+	// (again: or as new, after a newer keyset).
+	sendManifest := func(again bool) error {
 		a := hub.assignment(node)
 		if a == nil || a.manifest == nil {
 			return nil
 		}
 		// A lagging replica never sends an older manifest than the
 		// engine reported; the lease holder re-signs above it.
-		if a.manifestRevision < reported || a.manifestRevision <= sentRev {
+		if a.manifestRevision < reported || a.manifestRevision < sentRev || (a.manifestRevision == sentRev && !again) {
 			return nil
 		}
 		if err := sendKeyset(); err != nil {
@@ -226,8 +228,15 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 		sentRev = a.manifestRevision
 		return nil
 	}
+	heardDirty := false
 	sendHeard := func() error {
-		h := s.heardFor(ctx, node, sub)
+		h, ok := s.heardFor(ctx, node, sub)
+		if !ok {
+			// The needs could not be read: the engine keeps the last
+			// Heard, and the next tick tries again.
+			heardDirty = true
+			return nil
+		}
 		if h == nil || (lastHeard != nil && proto.Equal(h, lastHeard)) || (lastHeard == nil && len(h.GetModules()) == 0) {
 			return nil
 		}
@@ -240,7 +249,7 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 	if err := sendKeyset(); err != nil {
 		return err
 	}
-	if err := sendManifest(); err != nil {
+	if err := sendManifest(false); err != nil {
 		return err
 	}
 	if err := sendHeard(); err != nil {
@@ -248,7 +257,6 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 	}
 	heardTick := time.NewTicker(s.cfg.HeardEvery)
 	defer heardTick.Stop()
-	heardDirty := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -279,11 +287,22 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 			}
 			span.End()
 		case <-sub.keyset:
+			had := sentKeyset
 			if err := sendKeyset(); err != nil {
 				return err
 			}
+			// The manifest sent before it may be signed by a key only
+			// this keyset lists (the signer took a new key before this
+			// replica's keyset did): the engine could not verify it
+			// then, and nothing else sends it again. One it took is
+			// nothing to do for it.
+			if sentKeyset > had && sentRev > 0 {
+				if err := sendManifest(true); err != nil {
+					return err
+				}
+			}
 		case <-sub.manifest:
-			if err := sendManifest(); err != nil {
+			if err := sendManifest(false); err != nil {
 				return err
 			}
 		case <-sub.heard:
@@ -304,11 +323,13 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 }
 
 // heardFor computes the Heard of a node from the needs of the modules it
-// wants (entries are cached by the catalog view).
-func (s *Server) heardFor(ctx context.Context, node string, sb *sub) *composerv1.Heard {
+// wants (entries are cached by the catalog view). ok is false when an
+// entry could not be read (the catalog unreachable, not a missing entry):
+// nothing is computed, and the stream's needs stay as they were.
+func (s *Server) heardFor(ctx context.Context, node string, sb *sub) (h *composerv1.Heard, ok bool) {
 	a := s.cfg.Hub.assignment(node)
 	if a == nil {
-		return nil
+		return nil, true
 	}
 	var needs []*typev1.Need
 	for _, w := range a.wants {
@@ -316,8 +337,14 @@ func (s *Server) heardFor(ctx context.Context, node string, sb *sub) *composerv1
 			continue
 		}
 		rel, err := s.cfg.Catalog.Entry(ctx, w.GetFingerprint())
+		if errors.Is(err, pass.ErrNoEntry) {
+			continue // no needs of a build the catalog does not hold
+		}
 		if err != nil {
-			continue
+			// Said at debug: the catalog view says its failures, and
+			// every stream asks again each tick.
+			s.cfg.Logger.Debug("sync: needs not read; Heard not sent", "node", node, "fingerprint", w.GetFingerprint(), "error", err)
+			return nil, false
 		}
 		needs = append(needs, rel.Manifest.GetNeeds()...)
 	}
@@ -325,13 +352,13 @@ func (s *Server) heardFor(ctx context.Context, node string, sb *sub) *composerv1
 		s.cfg.Hub.setNeeds(sb, needs)
 	}
 	if len(needs) == 0 {
-		return &composerv1.Heard{}
+		return &composerv1.Heard{}, true
 	}
 	labels := s.cfg.Labels
 	if labels == nil {
 		labels = func(string) map[string]string { return nil }
 	}
-	return s.cfg.Hub.heard(node, needs, labels)
+	return s.cfg.Hub.heard(node, needs, labels), true
 }
 
 func sortedHaves(in []*composerv1.Have) []*composerv1.Have {
