@@ -220,11 +220,7 @@ func TestSyncHeard(t *testing.T) {
 	t.Parallel()
 	w := ct.New(t)
 	c := w.StartComposer(t, "one")
-	serverFP := w.Release(t, &typev1.ModuleManifest{Module: "server", Version: "1.0", Upgrade: ct.Auto, Resources: []*typev1.ResourceTemplate{
-		{Name: "conf", Type: ct.File, Path: "/etc/server.conf", Content: ct.Text("s")}}}, nil)
-	clientFP := w.Release(t, &typev1.ModuleManifest{Module: "client", Version: "1.0", Upgrade: ct.Auto,
-		Needs:     []*typev1.Need{{Module: "server", Selector: &typev1.LabelSelector{MatchLabels: map[string]string{"zone": "a"}}, Cap: 2}},
-		Resources: []*typev1.ResourceTemplate{{Name: "conf", Type: ct.File, Path: "/etc/client.conf", Content: ct.Text("c")}}}, nil)
+	serverFP, clientFP := serverAndClient(t, w, 2)
 	c.PutNode(t, ct.Spec("ace", "client"))
 	// s0 is in zone b: the need's selector leaves it out although its name
 	// comes first; the cap of 2 leaves s3 out.
@@ -296,6 +292,18 @@ func TestSyncHeard(t *testing.T) {
 	}
 }
 
+// serverAndClient releases server, and client, which needs server in zone
+// a up to capN nodes (0: the default cap).
+func serverAndClient(t *testing.T, w *ct.World, capN uint32) (serverFP, clientFP string) {
+	t.Helper()
+	serverFP = w.Release(t, &typev1.ModuleManifest{Module: "server", Version: "1.0", Upgrade: ct.Auto, Resources: []*typev1.ResourceTemplate{
+		{Name: "conf", Type: ct.File, Path: "/etc/server.conf", Content: ct.Text("s")}}}, nil)
+	clientFP = w.Release(t, &typev1.ModuleManifest{Module: "client", Version: "1.0", Upgrade: ct.Auto,
+		Needs:     []*typev1.Need{{Module: "server", Selector: &typev1.LabelSelector{MatchLabels: map[string]string{"zone": "a"}}, Cap: capN}},
+		Resources: []*typev1.ResourceTemplate{{Name: "conf", Type: ct.File, Path: "/etc/client.conf", Content: ct.Text("c")}}}, nil)
+	return serverFP, clientFP
+}
+
 func heardWords(h *composerv1.Heard) string {
 	var parts []string
 	for _, m := range h.GetModules() {
@@ -351,11 +359,7 @@ func TestSyncHeardFollowsARelabel(t *testing.T) {
 	t.Parallel()
 	w := ct.New(t)
 	c := w.StartComposer(t, "one")
-	serverFP := w.Release(t, &typev1.ModuleManifest{Module: "server", Version: "1.0", Upgrade: ct.Auto, Resources: []*typev1.ResourceTemplate{
-		{Name: "conf", Type: ct.File, Path: "/etc/server.conf", Content: ct.Text("s")}}}, nil)
-	clientFP := w.Release(t, &typev1.ModuleManifest{Module: "client", Version: "1.0", Upgrade: ct.Auto,
-		Needs:     []*typev1.Need{{Module: "server", Selector: &typev1.LabelSelector{MatchLabels: map[string]string{"zone": "a"}}}},
-		Resources: []*typev1.ResourceTemplate{{Name: "conf", Type: ct.File, Path: "/etc/client.conf", Content: ct.Text("c")}}}, nil)
+	serverFP, clientFP := serverAndClient(t, w, 0)
 	c.PutNode(t, ct.Spec("ace", "client"))
 	s1 := ct.Spec("s1", "server")
 	s1.Labels["zone"] = "a"

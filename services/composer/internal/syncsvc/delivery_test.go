@@ -48,7 +48,8 @@ func (l *lockedLabels) of(n string) map[string]string {
 	return l.m[n]
 }
 
-// replicaWith is w.replica with the keysets and labels given.
+// replicaWith is a replica with the keysets, labels and (when given) catalog
+// given; w.replica is one with the world's.
 func replicaWith(t *testing.T, w *syncWorld, ks Keysets, labels func(string) map[string]string, cat ...pass.Catalog) *replica {
 	t.Helper()
 	hub := NewHub(w.st, slog.New(slog.DiscardHandler))
@@ -171,6 +172,19 @@ func TestManifestNotLostBehindItsKeyset(t *testing.T) {
 	}
 }
 
+// settled waits until the write of node's own haves (its Hello) reached the
+// hub and the Heard it wakes went out, so nothing else is pending on its
+// stream.
+func settled(t *testing.T, r *replica, node string) {
+	t.Helper()
+	waitFor(t, "the hub saw "+node+"'s haves", func() bool {
+		r.hub.mu.Lock()
+		defer r.hub.mu.Unlock()
+		return r.hub.haveRev[node] != 0
+	})
+	time.Sleep(200 * time.Millisecond)
+}
+
 // TestHeardFollowsLabelChange: a need's selector picks nodes by label. When
 // an operator relabels a node that runs the needed module (its spec
 // changes, its wants and haves do not), the streams hearing it are told:
@@ -194,14 +208,7 @@ func TestHeardFollowsLabelChange(t *testing.T) {
 	r := replicaWith(t, w, fixedKeysets{w.ring}, labels.of)
 	ace := w.dial(t, r, "ace")
 	ace.waitHeard(t, "server: s1 a")
-	// Let the write of ace's own haves (its Hello) reach the hub and the
-	// Heard it wakes go out, so nothing else is pending on the stream.
-	waitFor(t, "the hub saw ace's haves", func() bool {
-		r.hub.mu.Lock()
-		defer r.hub.mu.Unlock()
-		return r.hub.haveRev["ace"] != 0
-	})
-	time.Sleep(200 * time.Millisecond)
+	settled(t, r, "ace")
 
 	// The operator moves s1 to zone b: its spec changes (the reconciler's
 	// spec watch, which Labels reads, takes it); wants and haves do not.
@@ -286,12 +293,7 @@ func TestHeardThroughCatalogOutage(t *testing.T) {
 	r := replicaWith(t, w, fixedKeysets{w.ring}, w.labelsOf, cat)
 	ace := w.dial(t, r, "ace")
 	ace.waitHeard(t, "server: s1 a")
-	waitFor(t, "the hub saw ace's haves", func() bool {
-		r.hub.mu.Lock()
-		defer r.hub.mu.Unlock()
-		return r.hub.haveRev["ace"] != 0
-	})
-	time.Sleep(200 * time.Millisecond)
+	settled(t, r, "ace")
 
 	// The catalog is briefly down just as ace is assigned a new build of
 	// client (same needs) whose entry this replica has not cached.

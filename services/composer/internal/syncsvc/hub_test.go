@@ -126,20 +126,7 @@ type replica struct {
 
 func (w *syncWorld) replica(t *testing.T) *replica {
 	t.Helper()
-	hub := NewHub(w.st, slog.New(slog.DiscardHandler))
-	hub.now = w.clock.Now
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- hub.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	waitFor(t, "the hub caught up", hub.Healthy)
-	srv := New(Config{Hub: hub, Store: w.st, Keysets: fixedKeysets{w.ring}, Catalog: w.catalog, Labels: w.labelsOf,
-		Logger: slog.New(slog.DiscardHandler), HeardEvery: 10 * time.Millisecond})
-	addr, _ := testutil.StartServer(t, w.pki, w.pki.Identity(identity.RoleComposer, ""), Policy(), srv.Register)
-	return &replica{hub: hub, addr: addr}
+	return replicaWith(t, w, fixedKeysets{w.ring}, w.labelsOf)
 }
 
 // engine is one node engine's Sync stream.
