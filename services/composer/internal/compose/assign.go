@@ -98,7 +98,9 @@ func Decide(m Move) (bool, string) {
 		}
 		return held(judgementName(j) + " (pinned: change the policy to move)")
 	case typev1.UpgradePolicy_UPGRADE_POLICY_MANUAL:
-		if j == composerv1.Judgement_JUDGEMENT_SAME || m.Judged.UserListOnly || m.Approved {
+		// A user-list change moves, but not one touching data: AUTO
+		// holds that, and MANUAL is never laxer than AUTO.
+		if j == composerv1.Judgement_JUDGEMENT_SAME || (m.Judged.UserListOnly && j != composerv1.Judgement_JUDGEMENT_DATA) || m.Approved {
 			return true, ""
 		}
 		return held(judgementName(j) + " until approved")
