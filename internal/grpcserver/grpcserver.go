@@ -155,8 +155,10 @@ func Build(cfg Config, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 		keepaliveParams.MaxConnectionAge = cfg.MaxConnectionAge
 		keepaliveParams.MaxConnectionAgeGrace = time.Minute
 	}
+	limit := newHandshakeLimit(cfg.MaxConcurrentHandshakes)
 	opts := append([]grpc.ServerOption{
-		grpc.Creds(limitHandshakes(credentials.NewTLS(tlsCfg), cfg.MaxConcurrentHandshakes)),
+		grpc.Creds(limit.creds(credentials.NewTLS(limit.onHello(tlsCfg)))),
+		grpc.ConnectionTimeout(HandshakeTimeout),
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelOpts...)),
 		// Recovery is outermost so that a panic in authorization (a
 		// NodeSelf extractor, say) is caught too.

@@ -22,6 +22,8 @@ type blockingCreds struct {
 }
 
 func (c *blockingCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	// The ClientHello read: TLS calls the config's GetConfigForClient.
+	helloArrived(conn)
 	c.mu.Lock()
 	c.inFlight++
 	c.peak = max(c.peak, c.inFlight)
@@ -44,7 +46,7 @@ func TestHandshakeLimit(t *testing.T) {
 	t.Parallel()
 	const limit, total = 2, 7
 	inner := &blockingCreds{entered: make(chan struct{}), release: make(chan error)}
-	creds := limitHandshakes(inner, limit)
+	creds := newHandshakeLimit(limit).creds(inner)
 	clone := creds.Clone()
 	done := make(chan error, total)
 	for i := range total {
