@@ -103,14 +103,17 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // Delay returns how long to wait before opening the stream again after err
-// ended attempt (0 for the first since the composer last sent anything): the
-// delay of a RetryInfo the composer sent, else full jitter; never more than
-// max, whatever the composer says.
-func Delay(err error, attempt int, base, max time.Duration, randN func(int64) int64) time.Duration {
-	if d, ok := RetryAfter(err); ok {
-		return min(d, max)
+// ended attempt (0 for the first since the composer last sent anything):
+// full jitter, raised to the delay of a RetryInfo the composer sent — a
+// floor, not the whole wait, so a composer that keeps refusing for a while
+// (its store down) still sees the fleet back off — and never more than
+// ceiling, whatever the composer says.
+func Delay(err error, attempt int, base, ceiling time.Duration, randN func(int64) int64) time.Duration {
+	d := FullJitter(attempt, base, ceiling, randN)
+	if ra, ok := RetryAfter(err); ok {
+		d = max(d, min(ra, ceiling))
 	}
-	return FullJitter(attempt, base, max, randN)
+	return d
 }
 
 // FullJitter returns a delay uniformly between 0 and min(max,

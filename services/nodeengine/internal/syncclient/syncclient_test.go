@@ -175,14 +175,14 @@ func TestBackoff(t *testing.T) {
 			want: []time.Duration{s, 2 * s, 4 * s}, bounds: []time.Duration{s + 1, 2*s + 1, 4*s + 1},
 		},
 		{
-			name:     "retry-after honoured, no jitter asked",
+			name:     "retry-after honoured, a floor of the jitter",
 			sessions: []play{{end: retryInfo(codes.Unavailable, 7*s)}}, pick: maxPick, waits: 2,
-			want: []time.Duration{7 * s, 7 * s},
+			want: []time.Duration{7 * s, 7 * s}, bounds: []time.Duration{s + 1, 2*s + 1},
 		},
 		{
 			name:     "retry-after bounded by 5 min",
 			sessions: []play{{end: retryInfo(codes.Unavailable, time.Hour)}}, pick: maxPick, waits: 1,
-			want: []time.Duration{300 * s},
+			want: []time.Duration{300 * s}, bounds: []time.Duration{s + 1},
 		},
 		{
 			name:     "retry info of another code is not a retry-after",
@@ -258,5 +258,30 @@ func TestConnectionSaysWhy(t *testing.T) {
 	}
 	if !errors.Is(ctx.Err(), context.Canceled) {
 		t.Error("the run did not stop at the clock")
+	}
+}
+
+// TestRetryAfterIsAFloorOfTheBackoff: a composer that refuses stream after
+// stream with a 5 s retry-after (its store down) sees each engine wait at
+// least that long, and longer as the refusals go on (DESIGN.md §6 step 5:
+// backoff 1 s → 5 min, a retry-after honoured), not every 5 s for the
+// whole outage.
+func TestRetryAfterIsAFloorOfTheBackoff(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := &clock{pick: func(n int64) int64 { return n - 1 }, stop: 12, cancel: cancel}
+	eng := newFakeEngine()
+	behind := retryInfo(codes.Unavailable, 5*time.Second)
+	if err := Run(ctx, Config{Client: &fakeClient{sessions: []play{{end: behind}}}, Engine: eng, RandN: c.randN, After: c.after, Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	if last := c.waits[len(c.waits)-1]; last < time.Minute {
+		t.Errorf("after %d streams refused with a 5 s retry-after the engine waits %v (waits %v), want the backoff grown past 1 min", len(c.waits), last, c.waits)
+	}
+	for i, w := range c.waits {
+		if w < 5*time.Second {
+			t.Errorf("wait %d is %v, under the composer's retry-after", i, w)
+		}
 	}
 }
