@@ -649,6 +649,17 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 		} else if w, ok := want[ap]; ok {
 			arec = cloneRec(w.rec)
 			arec.Created = true
+			if old := plan.Ledger[ap]; old != nil {
+				// The declared directory's own record is this one (its
+				// prepare is skipped as made): what the ledger knew of
+				// it stays — adopted, the engine's, a data path — and
+				// its vanishing is drift.
+				arec.Created, arec.Adopted = old.Created, cloneRec(old).Adopted
+				arec.Data = arec.Data || old.Data
+				if !old.Retained {
+					p.Drift = append(p.Drift, ap)
+				}
+			}
 		} else if old, ok := plan.Ledger[ap]; ok && old.Type == state.TypeDir {
 			arec = cloneRec(old)
 			arec.Retained = false
@@ -909,6 +920,9 @@ func driftOf(old *state.LedgerRecord, dk disk, a *Applier, uid, gid int) bool {
 		return true
 	}
 	if a.canOwn(uid, gid) && old.Owner != "" && uid >= 0 && dk.uid != uid {
+		return true
+	}
+	if a.canOwn(uid, gid) && old.Group != "" && gid >= 0 && dk.gid != gid {
 		return true
 	}
 	return false
