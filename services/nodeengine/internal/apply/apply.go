@@ -674,7 +674,8 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 
 	// An adopted path is hashed whatever type is declared: its prior
 	// content is kept by digest to be restored later.
-	dk, err := p.roots.look(pr, rel, rec.Type == state.TypeFile || adoption[r.GetPath()])
+	hash, sizes := contentSizes(rec, plan.Ledger[r.GetPath()], adoption[r.GetPath()])
+	dk, err := p.roots.look(pr, rel, hash, sizes...)
 	if err != nil {
 		p.refuse(module, a.lookFailure(r.GetId(), r.GetPath(), err))
 		return
@@ -730,6 +731,33 @@ func (a *Applier) prepareOne(p *Prepared, plan Plan, d *desired, want map[string
 		}
 	}
 	p.refuse(module, fail(codeWrite, "%s: %v", r.GetId(), err))
+}
+
+// emptyDigest is the digest of empty content.
+var emptyDigest = names.Digest(nil)
+
+// contentSizes says whether prepareOne needs the digest of a file lying on
+// rec's path, and the sizes it must have for the digest to matter: the
+// wanted content's (to find it already in place) and the ledger's (to find
+// drift). An adopted path's content is kept by digest whatever its size; a
+// filled file's digest is never compared.
+func contentSizes(rec, old *state.LedgerRecord, adopted bool) (hash bool, sizes []int64) {
+	if adopted {
+		return true, nil
+	}
+	if rec.Type != state.TypeFile {
+		return false, nil
+	}
+	if !rec.Filled {
+		sizes = append(sizes, rec.Size)
+	}
+	if old != nil && old.Type == state.TypeFile && !old.Filled {
+		if old.Size == 0 && old.Digest != emptyDigest {
+			return true, nil // kept before records had sizes: any size
+		}
+		sizes = append(sizes, old.Size)
+	}
+	return len(sizes) > 0, sizes
 }
 
 // declaredOther reports whether ap, a directory on the way to a declared

@@ -74,7 +74,7 @@ func (d *dirRoots) at(pr *prefix, rel string) (*os.Root, string, error) {
 // look reads what lies on rel (relative to pr's root) as look does, its
 // directory reached as dir does: a path whose directory is missing is
 // missing too.
-func (d *dirRoots) look(pr *prefix, rel string, hash bool) (disk, error) {
+func (d *dirRoots) look(pr *prefix, rel string, hash bool, sizes ...int64) (disk, error) {
 	in, name, err := d.at(pr, rel)
 	if errors.Is(err, fs.ErrNotExist) {
 		return disk{}, nil
@@ -82,7 +82,7 @@ func (d *dirRoots) look(pr *prefix, rel string, hash bool) (disk, error) {
 	if err != nil {
 		return disk{}, err
 	}
-	return look(in, name, hash)
+	return look(in, name, hash, sizes...)
 }
 
 // reset closes every directory root.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"os/user"
 	"path"
 	"strconv"
@@ -62,8 +63,11 @@ func statIDs(fi fs.FileInfo) (mode uint32, uid, gid int) {
 }
 
 // look reads what lies on rel inside root, hashing a file's content when
-// hash is set. A missing path is not an error.
-func look(root *os.Root, rel string, hash bool) (disk, error) {
+// hash is set and its size is one of sizes (any size when none is given).
+// Content of another size cannot have a digest the caller compares with,
+// and a file grown huge — a sparse one costs whoever can write it nothing
+// — is not read whole to find that out. A missing path is not an error.
+func look(root *os.Root, rel string, hash bool, sizes ...int64) (disk, error) {
 	fi, err := root.Lstat(rel)
 	if errors.Is(err, fs.ErrNotExist) {
 		return disk{}, nil
@@ -80,7 +84,7 @@ func look(root *os.Root, rel string, hash bool) (disk, error) {
 			return d, err
 		}
 	case state.TypeFile:
-		if hash {
+		if hash && (len(sizes) == 0 || slices.Contains(sizes, fi.Size())) {
 			f, err := root.OpenFile(rel, openFlags, 0)
 			if err != nil {
 				return d, err

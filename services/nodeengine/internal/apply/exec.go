@@ -566,7 +566,7 @@ func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dir
 			if op.InJournal {
 				src = writeSource{inline: op.Inline, inJournal: true}
 			}
-			err = a.writeFile(root, name, src, op.Stage, modeOf(r), uid, gid, fresh, dirChanged)
+			err = a.writeFile(root, name, src, op.Stage, r.Size, modeOf(r), uid, gid, fresh, dirChanged)
 		case state.OpMkdir:
 			err = a.mkdir(root, name, modeOf(r), uid, gid, fresh, dirChanged)
 		case state.OpSymlink:
@@ -610,7 +610,7 @@ func (a *Applier) runOp(op state.Op, ids *ids, roots *dirRoots, changed func(dir
 		var err error
 		switch prior.Type {
 		case state.TypeFile:
-			err = a.writeFile(root, name, writeSource{path: a.adoptedPath(prior.Digest)}, prior.Digest, prior.Mode, prior.UID, prior.GID, false, dirChanged)
+			err = a.writeFile(root, name, writeSource{path: a.adoptedPath(prior.Digest)}, prior.Digest, -1, prior.Mode, prior.UID, prior.GID, false, dirChanged)
 		case state.TypeSymlink:
 			err = a.symlink(root, name, prior.Target, prior.UID, prior.GID, false, dirChanged)
 		case state.TypeDir:
@@ -689,8 +689,9 @@ func (w writeSource) open() (io.ReadCloser, error) {
 // (fsynced, then renamed over it); dirChanged is told when the directory
 // changed, which the apply fsyncs before it commits. name is a single name
 // in root (runOp). On a fresh path (runOp), only a file of this very
-// content may lie already: the engine's own write, before a crash.
-func (a *Applier) writeFile(root *os.Root, name string, src writeSource, digest string, mode uint32, uid, gid int, fresh bool, dirChanged func()) error {
+// content (digest, of size bytes) may lie already: the engine's own write,
+// before a crash.
+func (a *Applier) writeFile(root *os.Root, name string, src writeSource, digest string, size int64, mode uint32, uid, gid int, fresh bool, dirChanged func()) error {
 	// Not hashed again: Prepare found other content there, and a replay
 	// writing content that is already in place writes the same bytes.
 	dk, err := look(root, name, false)
@@ -701,7 +702,7 @@ func (a *Applier) writeFile(root *os.Root, name string, src writeSource, digest 
 		if dk.typ != state.TypeFile {
 			return errAppeared
 		}
-		if dk, err = look(root, name, true); err != nil {
+		if dk, err = look(root, name, true, size); err != nil {
 			return err
 		}
 		if dk.typ != state.TypeFile || dk.digest != digest {
