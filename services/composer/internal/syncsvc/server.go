@@ -207,20 +207,27 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 		sentKeyset = ring.Version()
 		return nil
 	}
-	// sendManifest sends the node's manifest when newer than the one sent
-	// (again: or as new, after a newer keyset).
-	sendManifest := func(again bool) error {
+	// sendManifest sends the node's manifest when newer than the one sent,
+	// after the newest keyset this replica holds.
+	sendManifest := func() error {
 		a := hub.assignment(node)
 		if a == nil || a.manifest == nil {
 			return nil
 		}
 		// A lagging replica never sends an older manifest than the
 		// engine reported; the lease holder re-signs above it.
-		if a.manifestRevision < reported || a.manifestRevision < sentRev || (a.manifestRevision == sentRev && !again) {
+		if a.manifestRevision < reported || a.manifestRevision <= sentRev {
 			return nil
 		}
 		if err := sendKeyset(); err != nil {
 			return err
+		}
+		// Signed by a key no keyset this replica holds lists (the signer
+		// took a new key before the keyset that lists it reached this
+		// replica): the engine could not verify it, and would drop it.
+		// It waits for that keyset, which wakes the stream (sub.keyset).
+		if ring := s.cfg.Keysets.Keyring(); ring != nil && !signedByKeyOf(a.manifest, ring) {
+			return nil
 		}
 		if err := stream.Send(&composerv1.SyncResponse{Msg: &composerv1.SyncResponse_Manifest{Manifest: a.manifest}}); err != nil {
 			return err
@@ -249,7 +256,7 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 	if err := sendKeyset(); err != nil {
 		return err
 	}
-	if err := sendManifest(false); err != nil {
+	if err := sendManifest(); err != nil {
 		return err
 	}
 	if err := sendHeard(); err != nil {
@@ -287,22 +294,15 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 			}
 			span.End()
 		case <-sub.keyset:
-			had := sentKeyset
 			if err := sendKeyset(); err != nil {
 				return err
 			}
-			// The manifest sent before it may be signed by a key only
-			// this keyset lists (the signer took a new key before this
-			// replica's keyset did): the engine could not verify it
-			// then, and nothing else sends it again. One it took is
-			// nothing to do for it.
-			if sentKeyset > had && sentRev > 0 {
-				if err := sendManifest(true); err != nil {
-					return err
-				}
+			// A manifest held back for want of this keyset goes now.
+			if err := sendManifest(); err != nil {
+				return err
 			}
 		case <-sub.manifest:
-			if err := sendManifest(false); err != nil {
+			if err := sendManifest(); err != nil {
 				return err
 			}
 		case <-sub.heard:
@@ -320,6 +320,18 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 			}
 		}
 	}
+}
+
+// signedByKeyOf reports whether every signature of env is by a key ring
+// lists (in any state: a revoked key's manifest goes, for the engine to
+// refuse and say so).
+func signedByKeyOf(env *typev1.Envelope, ring *verify.Keyring) bool {
+	for _, sig := range env.GetSignatures() {
+		if _, ok := ring.Key(sig.GetKeyId()); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // heardFor computes the Heard of a node from the needs of the modules it
