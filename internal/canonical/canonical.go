@@ -14,8 +14,14 @@ import (
 var options = proto.MarshalOptions{Deterministic: true}
 
 // Marshal returns the canonical bytes of m: deterministic protobuf (map keys
-// sorted, fields in number order, unknown fields kept as they came).
+// sorted, fields in number order). A message holding fields this build does
+// not know is refused: no check here saw them, and a reader refuses them
+// (Decode), so bytes signed over them could only fail or carry meaning
+// nothing checked.
 func Marshal(m proto.Message) ([]byte, error) {
+	if hasUnknown(m.ProtoReflect()) {
+		return nil, fmt.Errorf("canonical bytes of %s: it holds fields this build does not know", m.ProtoReflect().Descriptor().FullName())
+	}
 	b, err := options.Marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("canonical bytes of %s: %w", m.ProtoReflect().Descriptor().FullName(), err)
