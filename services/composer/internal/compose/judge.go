@@ -31,6 +31,25 @@ type Applied struct {
 	// module leaving <node>.node) are the base.
 	Own       *typev1.Composition
 	OwnDigest string
+	// ModuleParts and NextParts give, by artifact ref, the digests the
+	// builds of Module's and the new composition's fingerprints hold: an
+	// artifact resource names its bytes by ref, so two fingerprints with
+	// equal resources can still ship other bytes. Nil when not known; an
+	// artifact of another fingerprint whose digest is not known on either
+	// side is judged changed.
+	ModuleParts, NextParts map[string]string
+}
+
+// artifactChanged reports whether the artifact resource r ships other bytes
+// than o, on the same path and ref (differs compares refs only).
+func artifactChanged(o, r *typev1.Resource, base, next *typev1.Composition, applied Applied) bool {
+	oa, ok1 := o.GetContent().(*typev1.Resource_Artifact)
+	ra, ok2 := r.GetContent().(*typev1.Resource_Artifact)
+	if !ok1 || !ok2 || oa.Artifact != ra.Artifact || base == nil || base.GetFingerprint() == next.GetFingerprint() {
+		return false
+	}
+	was, now := applied.ModuleParts[ra.Artifact], applied.NextParts[ra.Artifact]
+	return was == "" || now == "" || was != now
 }
 
 // Judge judges next against the applied composition of its module, or else
@@ -88,7 +107,11 @@ func Judge(next *typev1.Composition, applied Applied) Judged {
 			userListOnly = userListOnly && r.GetUserList()
 			continue
 		}
-		if what := differs(o, r); len(what) > 0 {
+		what := differs(o, r)
+		if !slices.Contains(what, "content") && artifactChanged(o, r, applied.Module, next, applied) {
+			what = append(what, "artifact "+r.GetArtifact())
+		}
+		if len(what) > 0 {
 			changed = append(changed, p)
 			changes[p] = what
 			userListOnly = userListOnly && r.GetUserList() && o.GetUserList()

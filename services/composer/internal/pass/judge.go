@@ -127,10 +127,29 @@ func (jc *judging) judgeOne(ctx context.Context, c *typev1.Composition, digest s
 			return lostJudgement(ref.GetDigest())
 		}
 		applied.Module, applied.ModuleDigest = content, ref.GetDigest()
+		if content.GetFingerprint() != c.GetFingerprint() {
+			// Artifacts name their bytes by ref: the builds say which.
+			applied.ModuleParts = jc.partsOf(ctx, content.GetFingerprint())
+			applied.NextParts = jc.partsOf(ctx, c.GetFingerprint())
+		}
 	} else if jc.own != nil {
 		applied.Own, applied.OwnDigest = jc.own, jc.ownRef.GetDigest()
 	}
 	return compose.Judge(c, applied)
+}
+
+// partsOf returns the artifact digests of fp's build by ref; nil when the
+// catalog cannot say (an artifact is then judged changed).
+func (jc *judging) partsOf(ctx context.Context, fp string) map[string]string {
+	b, err := jc.p.cfg.Catalog.Build(ctx, fp)
+	if err != nil {
+		return nil
+	}
+	out := make(map[string]string, len(b.GetArtifacts()))
+	for _, a := range b.GetArtifacts() {
+		out[a.GetRef()] = a.GetDigest()
+	}
+	return out
 }
 
 const lostWords = "the applied composition "
