@@ -102,6 +102,10 @@ type Reconciler struct {
 	// delivered them last, with their revisions (see Watched).
 	known     map[string]pass.Watched
 	nextVisit map[string]time.Time
+	// undeleted are nodes without a spec whose last pass (which deletes
+	// what was derived for them, Passer.DeleteNode) failed: visited again
+	// when due, as nodes with a spec are.
+	undeleted map[string]bool
 	// failures counts each node's passes failed in a row.
 	failures map[string]int
 	// refresh stands in for the Passer's RefreshStatus in tests.
@@ -128,7 +132,7 @@ func New(cfg Config) *Reconciler {
 	return &Reconciler{cfg: cfg, pending: map[string]task{}, running: map[string]bool{}, dirty: map[string]task{},
 		wake: make(chan struct{}, 1), specs: map[string]*composerv1.NodeSpec{}, haves: map[string]*composerv1.HaveRecord{},
 		approvals: map[string]*composerv1.Approval{}, known: map[string]pass.Watched{},
-		nextVisit: map[string]time.Time{}, failures: map[string]int{}}
+		nextVisit: map[string]time.Time{}, failures: map[string]int{}, undeleted: map[string]bool{}}
 }
 
 // Enqueue asks for a pass of a node, continuing the trace of ctx.
@@ -634,6 +638,15 @@ func (r *Reconciler) visitDue() {
 			due = append(due, node)
 		}
 	}
+	for node := range r.undeleted {
+		next, ok := r.nextVisit[node]
+		switch {
+		case r.specs[node] != nil:
+			delete(r.undeleted, node) // put again: visited as any node
+		case ok && now.After(next):
+			due = append(due, node)
+		}
+	}
 	r.mu.Unlock()
 	slices.Sort(due)
 	r.fanOut(context.Background(), "periodic visit", due)
@@ -719,6 +732,15 @@ func (r *Reconciler) done(node string, res *pass.Result, err error) {
 	r.mu.Lock()
 	r.releaseLocked(node)
 	r.scheduleLocked(node, res, err)
+	if r.specs[node] == nil {
+		// The pass of a node without a spec deletes what was derived for
+		// it: one that failed is tried again when due (visitDue).
+		if err != nil {
+			r.undeleted[node] = true
+		} else {
+			delete(r.undeleted, node)
+		}
+	}
 	r.mu.Unlock()
 	r.wakeWorker()
 }
