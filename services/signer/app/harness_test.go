@@ -137,7 +137,7 @@ func sshdManifest(module string) *typev1.ModuleManifest {
 		Resources: []*typev1.ResourceTemplate{
 			{Name: "dir", Type: typev1.ResourceType_RESOURCE_TYPE_DIRECTORY, Path: "/etc/" + module, Mode: 0o755},
 			{Name: "config", Type: typev1.ResourceType_RESOURCE_TYPE_FILE, Path: "/etc/" + module + "/config", Mode: 0o600,
-				Content: &typev1.ResourceTemplate_Text{Text: "Port {{ .Params.port }}\n"}},
+				Owner: "root", Group: "root", Content: &typev1.ResourceTemplate_Text{Text: "Port {{ .Params.port }}\n"}},
 			{Name: "bin", Type: typev1.ResourceType_RESOURCE_TYPE_FILE, Path: "/usr/local/bin/" + module, Mode: 0o755,
 				Content: &typev1.ResourceTemplate_Artifact{Artifact: "binary:" + module}},
 			{Name: "link", Type: typev1.ResourceType_RESOURCE_TYPE_SYMLINK, Path: "/etc/" + module + "/current", Target: "/etc/" + module + "/config"},

@@ -7,10 +7,12 @@
 package crosscheck
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -35,7 +37,7 @@ type Catalog interface {
 // DONE builds are immutable, so once both are seen they are cached for good.
 type released struct {
 	module    string
-	resources map[string]typev1.ResourceType
+	resources map[string]*typev1.ResourceTemplate
 	artifacts []*typev1.Artifact
 	refs      map[string]bool
 	dataPaths []string
@@ -108,10 +110,10 @@ func (c *Checker) fetch(ctx context.Context, fp string) (*released, error) {
 	if err := canonical.Decode(entry.GetManifest(), manifest); err != nil {
 		return nil, fmt.Errorf("%w: entry %s: %v", errRefused, fp, err)
 	}
-	r := &released{module: entry.GetModule(), resources: map[string]typev1.ResourceType{}, refs: map[string]bool{},
+	r := &released{module: entry.GetModule(), resources: map[string]*typev1.ResourceTemplate{}, refs: map[string]bool{},
 		artifacts: br.GetBuild().GetArtifacts(), dataPaths: slices.Sorted(slices.Values(manifest.GetDataPaths()))}
 	for _, res := range manifest.GetResources() {
-		r.resources[names.ResourceID(entry.GetModule(), res.GetName())] = res.GetType()
+		r.resources[names.ResourceID(entry.GetModule(), res.GetName())] = res
 	}
 	for _, a := range entry.GetArtifacts() {
 		r.refs[a.GetRef()] = true
@@ -159,15 +161,18 @@ func (c *Checker) checkComposition(ctx context.Context, comp *typev1.Composition
 	}
 	seen := make(map[string]bool, len(comp.GetResources()))
 	for _, res := range comp.GetResources() {
-		typ, ok := r.resources[res.GetId()]
+		rt, ok := r.resources[res.GetId()]
 		if !ok {
 			return fmt.Errorf("%w: resource %s is not in the manifest of %s", errRefused, res.GetId(), comp.GetFingerprint())
 		}
-		if typ != res.GetType() {
-			return fmt.Errorf("%w: resource %s is a %v, the manifest says %v", errRefused, res.GetId(), res.GetType(), typ)
+		if rt.GetType() != res.GetType() {
+			return fmt.Errorf("%w: resource %s is a %v, the manifest says %v", errRefused, res.GetId(), res.GetType(), rt.GetType())
 		}
 		if a, ok := res.GetContent().(*typev1.Resource_Artifact); ok && !r.refs[a.Artifact] {
 			return fmt.Errorf("%w: resource %s names artifact %s, which the entry does not declare", errRefused, res.GetId(), a.Artifact)
+		}
+		if err := asReleased(res, rt); err != nil {
+			return fmt.Errorf("%w: resource %s: %v", errRefused, res.GetId(), err)
 		}
 		seen[res.GetId()] = true
 	}
@@ -178,6 +183,51 @@ func (c *Checker) checkComposition(ctx context.Context, comp *typev1.Composition
 	}
 	if !slices.Equal(comp.GetDataPaths(), r.dataPaths) {
 		return fmt.Errorf("%w: data paths %v are not the manifest's %v", errRefused, comp.GetDataPaths(), r.dataPaths)
+	}
+	return nil
+}
+
+// asReleased checks what of a module composition's resource params cannot
+// change: the composer copies mode, owner, group and user_list from the
+// released template, and the kind of content (an artifact by the same ref,
+// raw bytes as released, rendered text), so a composer mixing releases and
+// params cannot make a released binary its own bytes, setuid (DESIGN.md
+// §5.4). A path or target with no template action is the template's.
+func asReleased(res *typev1.Resource, rt *typev1.ResourceTemplate) error {
+	switch {
+	case res.GetMode() != rt.GetMode():
+		return fmt.Errorf("mode %04o, the manifest says %04o", res.GetMode(), rt.GetMode())
+	case res.GetOwner() != rt.GetOwner() || res.GetGroup() != rt.GetGroup():
+		return fmt.Errorf("owner %q:%q, the manifest says %q:%q", res.GetOwner(), res.GetGroup(), rt.GetOwner(), rt.GetGroup())
+	case res.GetUserList() != rt.GetUserList():
+		return fmt.Errorf("user_list %v, the manifest says %v", res.GetUserList(), rt.GetUserList())
+	case !strings.Contains(rt.GetPath(), "{{") && res.GetPath() != rt.GetPath():
+		return fmt.Errorf("path %s, the manifest says %s", res.GetPath(), rt.GetPath())
+	case !strings.Contains(rt.GetTarget(), "{{") && res.GetTarget() != rt.GetTarget():
+		return fmt.Errorf("target %q, the manifest says %q", res.GetTarget(), rt.GetTarget())
+	}
+	inline, _ := res.GetContent().(*typev1.Resource_Inline)
+	object := res.GetObject()
+	switch c := rt.GetContent().(type) {
+	case *typev1.ResourceTemplate_Artifact:
+		if a, ok := res.GetContent().(*typev1.Resource_Artifact); !ok || a.Artifact != c.Artifact {
+			return fmt.Errorf("content is not artifact %s, as the manifest says", c.Artifact)
+		}
+	case *typev1.ResourceTemplate_Raw:
+		switch {
+		case inline != nil && bytes.Equal(inline.Inline, c.Raw):
+		case object != nil && object.GetDigest() == names.Digest(c.Raw) && object.GetSize() == int64(len(c.Raw)):
+		default:
+			return errors.New("content is not the manifest's raw bytes")
+		}
+	case *typev1.ResourceTemplate_Text:
+		if inline == nil && object == nil {
+			return errors.New("content is not rendered text, as the manifest says")
+		}
+	default:
+		if res.GetContent() != nil {
+			return errors.New("has content the manifest does not declare")
+		}
 	}
 	return nil
 }
