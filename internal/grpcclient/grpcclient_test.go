@@ -70,8 +70,8 @@ func TestDial(t *testing.T) {
 		{name: "by address", target: addr, cfg: p.ClientTLS(t, client), want: codes.OK},
 		{name: "by name", target: net.JoinHostPort("localhost", port), cfg: p.ClientTLS(t, client), want: codes.OK},
 		{name: "dns scheme", target: "dns:///" + net.JoinHostPort("localhost", port), cfg: p.ClientTLS(t, client), want: codes.OK},
-		{name: "expected server", target: addr, cfg: pki.RequirePeer(p.ClientTLS(t, client), p.Identity(identity.RoleCatalog, "")), want: codes.OK},
-		{name: "unexpected server", target: addr, cfg: pki.RequirePeer(p.ClientTLS(t, client), p.Identity(identity.RoleComposer, "")), want: codes.Unavailable},
+		{name: "expected server", target: addr, cfg: pki.RequireService(p.ClientTLS(t, client), identity.RoleCatalog), want: codes.OK},
+		{name: "unexpected server", target: addr, cfg: pki.RequireService(p.ClientTLS(t, client), identity.RoleComposer), want: codes.Unavailable},
 		{name: "server of another CA", target: addr, cfg: other.ClientTLS(t, other.Identity(identity.RoleNode, "ace")), want: codes.Unavailable},
 	}
 	for _, tt := range tests {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"sync"
 
 	"mesh.dev/internal/identity"
@@ -65,13 +64,15 @@ func ClientTLSFromPEM(certPEM, keyPEM, caPEM []byte) (*tls.Config, error) {
 	return clientConfig(pool, func() (*tls.Certificate, error) { return pair, nil }), nil
 }
 
-// RequirePeer returns a copy of cfg that also refuses a handshake unless the
-// peer's verified certificate names one of want. A client uses it to make
-// sure it reached the service it meant to (a node's certificate also holds
-// "localhost", so the host name alone does not say which service answered).
-func RequirePeer(cfg *tls.Config, want ...identity.Identity) *tls.Config {
+// RequireService returns a copy of cfg that also refuses a handshake unless
+// the peer's verified certificate is of the service role, in this client's
+// own trust domain when its certificate says which. A client dialing a
+// service uses it: the host name alone does not say which service answered
+// (a node's certificate holds "localhost" too).
+func RequireService(cfg *tls.Config, role identity.Role) *tls.Config {
 	out := cfg.Clone()
 	prev := cfg.VerifyConnection
+	own := clientTrustDomain(cfg)
 	out.VerifyConnection = func(cs tls.ConnectionState) error {
 		if prev != nil {
 			if err := prev(cs); err != nil {
@@ -85,12 +86,46 @@ func RequirePeer(cfg *tls.Config, want ...identity.Identity) *tls.Config {
 		if err != nil {
 			return fmt.Errorf("peer: %w", err)
 		}
-		if !slices.Contains(want, id) {
-			return fmt.Errorf("peer is %s, not the one expected", id.URI())
+		if id.Role != role {
+			return fmt.Errorf("peer is %s, not the %s service", id.URI(), role)
+		}
+		if own != "" && id.TrustDomain != own {
+			return fmt.Errorf("peer is %s, of trust domain %q, not this client's %q", id.URI(), id.TrustDomain, own)
 		}
 		return nil
 	}
 	return out
+}
+
+// clientTrustDomain is the trust domain of a client config's own
+// certificate, "" when it cannot be read.
+func clientTrustDomain(cfg *tls.Config) string {
+	var cert *tls.Certificate
+	switch {
+	case len(cfg.Certificates) > 0:
+		cert = &cfg.Certificates[0]
+	case cfg.GetClientCertificate != nil:
+		c, err := cfg.GetClientCertificate(&tls.CertificateRequestInfo{})
+		if err != nil {
+			return ""
+		}
+		cert = c
+	}
+	if cert == nil || len(cert.Certificate) == 0 {
+		return ""
+	}
+	leaf := cert.Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return ""
+		}
+	}
+	id, err := identity.FromCertificate(leaf)
+	if err != nil {
+		return ""
+	}
+	return id.TrustDomain
 }
 
 func serverConfig(pool *x509.CertPool, get func() (*tls.Certificate, error)) *tls.Config {

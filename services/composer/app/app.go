@@ -25,6 +25,7 @@ import (
 	"mesh.dev/internal/grpcclient"
 	"mesh.dev/internal/grpcserver"
 	"mesh.dev/internal/natsx"
+	"mesh.dev/internal/identity"
 	"mesh.dev/internal/pki"
 	"mesh.dev/internal/supervise"
 	"mesh.dev/internal/verify"
@@ -200,13 +201,13 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 			return nil, fmt.Errorf("server tls: %w", err)
 		}
 	}
-	dial := func(addr string) (*grpc.ClientConn, error) {
+	dial := func(addr string, service identity.Role) (*grpc.ClientConn, error) {
 		if clientTLS == nil {
 			if clientTLS, err = pki.ClientTLS(cfg.CertFile, cfg.KeyFile, cfg.CAFile); err != nil {
 				return nil, fmt.Errorf("client tls: %w", err)
 			}
 		}
-		conn, err := grpcclient.Dial(addr, clientTLS, grpcclient.WithTracerProvider(tp))
+		conn, err := grpcclient.Dial(addr, pki.RequireService(clientTLS, service), grpcclient.WithTracerProvider(tp))
 		if err != nil {
 			return nil, err
 		}
@@ -215,7 +216,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 	}
 	signerClient := opts.Signer
 	if signerClient == nil {
-		conn, err := dial(cfg.SignerAddr)
+		conn, err := dial(cfg.SignerAddr, identity.RoleSigner)
 		if err != nil {
 			return nil, fmt.Errorf("signer client: %w", err)
 		}
@@ -223,7 +224,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Composer, err error)
 	}
 	catalogClient := opts.Catalog
 	if catalogClient == nil {
-		conn, err := dial(cfg.CatalogAddr)
+		conn, err := dial(cfg.CatalogAddr, identity.RoleCatalog)
 		if err != nil {
 			return nil, fmt.Errorf("catalog client: %w", err)
 		}

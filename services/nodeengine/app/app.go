@@ -273,15 +273,15 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Engine, err error) {
 	}
 
 	composer, catalog := opts.Composer, opts.Catalog
-	dial := func(target string) (*grpc.ClientConn, error) {
-		conn, err := grpcclient.Dial(target, clientTLS, append([]grpc.DialOption{grpcclient.WithTracerProvider(opts.TracerProvider), grpcclient.WithMeterProvider(opts.MeterProvider)}, opts.DialOptions...)...)
+	dial := func(target string, service identity.Role) (*grpc.ClientConn, error) {
+		conn, err := grpcclient.Dial(target, pki.RequireService(clientTLS, service), append([]grpc.DialOption{grpcclient.WithTracerProvider(opts.TracerProvider), grpcclient.WithMeterProvider(opts.MeterProvider)}, opts.DialOptions...)...)
 		if err == nil {
 			a.conns = append(a.conns, conn)
 		}
 		return conn, err
 	}
 	if composer == nil {
-		conn, err := dial(cfg.ComposerAddr)
+		conn, err := dial(cfg.ComposerAddr, identity.RoleComposer)
 		if err != nil {
 			applier.Close()
 			return nil, fmt.Errorf("composer client: %w", err)
@@ -292,7 +292,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Engine, err error) {
 		}{composerv1.NewComposerServiceClient(conn), composerv1.NewSyncServiceClient(conn)}
 	}
 	if catalog == nil {
-		conn, err := dial(cfg.CatalogAddr)
+		conn, err := dial(cfg.CatalogAddr, identity.RoleCatalog)
 		if err != nil {
 			applier.Close()
 			return nil, fmt.Errorf("catalog client: %w", err)

@@ -204,7 +204,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *Signer, err error) {
 				return nil, fmt.Errorf("client tls: %w", err)
 			}
 		}
-		if s.conn, err = grpcclient.Dial(cfg.CatalogAddr, clientTLS, grpcclient.WithTracerProvider(opts.TracerProvider)); err != nil {
+		if s.conn, err = grpcclient.Dial(cfg.CatalogAddr, pki.RequireService(clientTLS, identity.RoleCatalog), grpcclient.WithTracerProvider(opts.TracerProvider)); err != nil {
 			return nil, fmt.Errorf("catalog client: %w", err)
 		}
 		catalog = catalogv1.NewCatalogServiceClient(s.conn)
