@@ -75,17 +75,7 @@ func TestWaitConvergedSaysWhy(t *testing.T) {
 		{Node: "bay", Converged: true, ManifestRevision: 9, AppliedRevision: 9, LastSeen: seen},
 		{Node: "cod", Converged: true, ManifestRevision: 3, AppliedRevision: 3, LastSeen: seen},
 	}
-	var mu sync.Mutex
-	calls := 0
-	fetch := func(context.Context) ([]*composerv1.NodeStatus, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		calls++
-		if calls == 1 {
-			return []*composerv1.NodeStatus{held, failed, never}, nil
-		}
-		return done, nil
-	}
+	fetch := fetchSteps(answer([]*composerv1.NodeStatus{held, failed, never}, nil), answer(done, nil))
 	var out strings.Builder
 	if err := WaitConverged(context.Background(), &out, fetch, nil, 3, true); err != nil {
 		t.Fatal(err)
@@ -192,17 +182,9 @@ func TestWaitEndsAtOnceOnALastingError(t *testing.T) {
 		t.Errorf("WaitConverged took %s and returned %v, want PERMISSION_DENIED at once", took.Round(time.Millisecond), err)
 	}
 
-	var mu sync.Mutex
-	calls := 0
-	fetch := func(context.Context) ([]*composerv1.NodeStatus, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		calls++
-		if calls <= 2 {
-			return nil, status.Error(codes.Unavailable, "connection refused")
-		}
-		return []*composerv1.NodeStatus{{Node: "ace", Converged: true, ManifestRevision: 7, AppliedRevision: 7, LastSeen: timestamppb.Now()}}, nil
-	}
+	refused := answer(nil, status.Error(codes.Unavailable, "connection refused"))
+	fetch := fetchSteps(refused, refused,
+		answer([]*composerv1.NodeStatus{{Node: "ace", Converged: true, ManifestRevision: 7, AppliedRevision: 7, LastSeen: timestamppb.Now()}}, nil))
 	var out strings.Builder
 	if err := WaitConverged(ctx, &out, fetch, nil, 1, false); err != nil {
 		t.Fatalf("WaitConverged: %v\n%s", err, out.String())
@@ -225,5 +207,27 @@ func TestWaitConvergedAtTheDeadline(t *testing.T) {
 	var out strings.Builder
 	if err := WaitConverged(ctx, &out, fetch, nil, 1, false); err != nil {
 		t.Errorf("WaitConverged: %v, though its last read shows every node converged:\n%s", err, out.String())
+	}
+}
+
+// fetchReply is one answer of a status read.
+type fetchReply struct {
+	sts []*composerv1.NodeStatus
+	err error
+}
+
+func answer(sts []*composerv1.NodeStatus, err error) fetchReply { return fetchReply{sts, err} }
+
+// fetchSteps is a status read answering replies in turn, the last one from
+// then on.
+func fetchSteps(replies ...fetchReply) func(context.Context) ([]*composerv1.NodeStatus, error) {
+	var mu sync.Mutex
+	calls := 0
+	return func(context.Context) ([]*composerv1.NodeStatus, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		r := replies[min(calls, len(replies)-1)]
+		calls++
+		return r.sts, r.err
 	}
 }
