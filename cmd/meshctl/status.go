@@ -225,7 +225,7 @@ func stateWord(st *composerv1.NodeStatus) string {
 	switch {
 	case st.GetLastError() != "":
 		return "ERROR"
-	case st.GetConverged() && (len(st.GetHolds()) > 0 || engineHeld(st) != nil):
+	case st.GetConverged() && holding(st):
 		return "CONVERGED (holds)"
 	case st.GetConverged():
 		return "CONVERGED"
@@ -270,20 +270,18 @@ func engineHeld(st *composerv1.NodeStatus) *composerv1.ModuleStatus {
 // engine says on it why it refused a manifest or applies nothing.
 func nodeFirst(st *composerv1.NodeStatus) []*composerv1.ModuleStatus {
 	ms := slices.Clone(st.GetModules())
-	slices.SortStableFunc(ms, func(a, b *composerv1.ModuleStatus) int {
-		return cmpBool(b.GetModule() == names.NodeModule, a.GetModule() == names.NodeModule)
-	})
+	if i := slices.IndexFunc(ms, func(m *composerv1.ModuleStatus) bool { return m.GetModule() == names.NodeModule }); i > 0 {
+		node := ms[i]
+		copy(ms[1:i+1], ms[:i])
+		ms[0] = node
+	}
 	return ms
 }
 
-func cmpBool(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case a:
-		return 1
-	}
-	return -1
+// holding reports whether a node holds anything where it is: a move the
+// composer holds, or a module its engine holds at the wanted digest.
+func holding(st *composerv1.NodeStatus) bool {
+	return len(st.GetHolds()) > 0 || engineHeld(st) != nil
 }
 
 // notConvergedBecause is the first reason a node is not converged, in one
@@ -373,7 +371,7 @@ func RenderStatus(w io.Writer, sts []*composerv1.NodeStatus, why bool, now time.
 		return
 	}
 	for _, st := range sts {
-		if st.GetConverged() && len(st.GetHolds()) == 0 && st.GetLastError() == "" && engineHeld(st) == nil {
+		if st.GetConverged() && !holding(st) && st.GetLastError() == "" {
 			continue
 		}
 		fmt.Fprintf(w, "\n%s:\n", st.GetNode())

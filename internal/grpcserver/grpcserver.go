@@ -8,7 +8,6 @@ package grpcserver
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,7 +33,7 @@ import (
 
 	"mesh.dev/internal/authz"
 	"mesh.dev/internal/grpcclient"
-	"mesh.dev/internal/identity"
+	"mesh.dev/internal/pki"
 	"mesh.dev/internal/telemetry"
 )
 
@@ -232,21 +231,11 @@ func ownTrustDomain(c *tls.Config) (string, error) {
 	case len(c.Certificates) > 0:
 		cert = &c.Certificates[0]
 	}
-	if cert == nil || len(cert.Certificate) == 0 {
-		return "", nil
-	}
-	leaf := cert.Leaf
-	if leaf == nil {
-		var err error
-		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
-			return "", fmt.Errorf("server certificate: %w", err)
-		}
-	}
-	id, err := identity.FromCertificate(leaf)
+	td, err := pki.TrustDomainOf(cert)
 	if err != nil {
 		return "", fmt.Errorf("server certificate: %w", err)
 	}
-	return id.TrustDomain, nil
+	return td, nil
 }
 
 func checkTLS(c *tls.Config) (*tls.Config, error) {

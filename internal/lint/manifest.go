@@ -109,7 +109,7 @@ func checkModuleManifest(prefix string, m *typev1.ModuleManifest) error {
 		if p == "/" {
 			return errf(fmt.Sprintf("%sdata_paths[%d]", prefix, i), "the root directory cannot be a data path")
 		}
-		if strings.Contains(p, "{{") {
+		if !Literal(p) {
 			return errf(fmt.Sprintf("%sdata_paths[%d]", prefix, i), "%q: data paths are not templates", p)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"text/template"
 	"text/template/parse"
 )
@@ -188,6 +189,10 @@ func pipeText(p *parse.PipeNode) string {
 // ErrTemplateWork is wrapped when a rendering goes past MaxTemplateSteps
 // or a string it builds grows past the output limit.
 var ErrTemplateWork = errors.New("template does too much work")
+
+// Literal reports whether a template source holds no action, so it renders
+// as itself (text/template actions start with "{{").
+func Literal(src string) bool { return !strings.Contains(src, "{{") }
 
 // RenderTemplate renders a module template the one way mesh renders them
 // (ParseTemplate) with a bound on its work, whatever the template: at most

@@ -111,21 +111,31 @@ func clientTrustDomain(cfg *tls.Config) string {
 		}
 		cert = c
 	}
-	if cert == nil || len(cert.Certificate) == 0 {
+	td, err := TrustDomainOf(cert)
+	if err != nil {
 		return ""
+	}
+	return td
+}
+
+// TrustDomainOf returns the trust domain of a certificate's identity; ""
+// for no certificate.
+func TrustDomainOf(cert *tls.Certificate) (string, error) {
+	if cert == nil || len(cert.Certificate) == 0 {
+		return "", nil
 	}
 	leaf := cert.Leaf
 	if leaf == nil {
 		var err error
 		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
-			return ""
+			return "", err
 		}
 	}
 	id, err := identity.FromCertificate(leaf)
 	if err != nil {
-		return ""
+		return "", err
 	}
-	return id.TrustDomain
+	return id.TrustDomain, nil
 }
 
 func serverConfig(pool *x509.CertPool, get func() (*tls.Certificate, error)) *tls.Config {

@@ -189,6 +189,18 @@ func (k *Keyring) Key(id string) (*typev1.KeysetKey, bool) {
 	return key, ok
 }
 
+// ListsSigners reports whether every signature of env is by a key the
+// keyset lists, in any state (a revoked key is listed: whether it may sign
+// is judged at verification).
+func (k *Keyring) ListsSigners(env *typev1.Envelope) bool {
+	for _, sig := range env.GetSignatures() {
+		if _, ok := k.Key(sig.GetKeyId()); !ok {
+			return false
+		}
+	}
+	return true
+}
+
 // usable reports why a key cannot verify a signature at a time, or nil.
 func usable(key *typev1.KeysetKey, at time.Time) error {
 	switch key.GetState() {

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -63,7 +62,7 @@ type templateData struct {
 // strings it builds and its output), so a hostile template stored before
 // the catalog checked it cannot hang or exhaust a pass.
 func render(name, src string, data *templateData) (string, error) {
-	if !strings.Contains(src, "{{") && len(src) <= MaxRenderedContent {
+	if lint.Literal(src) && len(src) <= MaxRenderedContent {
 		// Text without an action renders as itself; most paths are
 		// such, and a pass renders every resource of every module.
 		return src, nil

@@ -42,10 +42,10 @@ type Applied struct {
 
 // artifactChanged reports whether the artifact resource r ships other bytes
 // than o, on the same path and ref (differs compares refs only).
-func artifactChanged(o, r *typev1.Resource, base, next *typev1.Composition, applied Applied) bool {
+func artifactChanged(o, r *typev1.Resource, next *typev1.Composition, applied Applied) bool {
 	oa, ok1 := o.GetContent().(*typev1.Resource_Artifact)
 	ra, ok2 := r.GetContent().(*typev1.Resource_Artifact)
-	if !ok1 || !ok2 || oa.Artifact != ra.Artifact || base == nil || base.GetFingerprint() == next.GetFingerprint() {
+	if !ok1 || !ok2 || oa.Artifact != ra.Artifact || applied.Module == nil || applied.Module.GetFingerprint() == next.GetFingerprint() {
 		return false
 	}
 	was, now := applied.ModuleParts[ra.Artifact], applied.NextParts[ra.Artifact]
@@ -108,7 +108,7 @@ func Judge(next *typev1.Composition, applied Applied) Judged {
 			continue
 		}
 		what := differs(o, r)
-		if !slices.Contains(what, "content") && artifactChanged(o, r, applied.Module, next, applied) {
+		if !slices.Contains(what, "content") && artifactChanged(o, r, next, applied) {
 			what = append(what, "artifact "+r.GetArtifact())
 		}
 		if len(what) > 0 {

@@ -1083,12 +1083,7 @@ func (p *Passer) signerAhead(env *typev1.Envelope) bool {
 	if err := envelope.Open(env, typev1.PayloadType_PAYLOAD_TYPE_MANIFEST, m); err == nil && m.GetKeysetVersion() > ring.Version() {
 		return true
 	}
-	for _, s := range env.GetSignatures() {
-		if _, ok := ring.Key(s.GetKeyId()); !ok {
-			return true
-		}
-	}
-	return false
+	return !ring.ListsSigners(env)
 }
 
 // reportedRevision is the highest manifest revision an engine reported:

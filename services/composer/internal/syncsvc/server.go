@@ -226,7 +226,7 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 		// took a new key before the keyset that lists it reached this
 		// replica): the engine could not verify it, and would drop it.
 		// It waits for that keyset, which wakes the stream (sub.keyset).
-		if ring := s.cfg.Keysets.Keyring(); ring != nil && !signedByKeyOf(a.manifest, ring) {
+		if ring := s.cfg.Keysets.Keyring(); ring != nil && !ring.ListsSigners(a.manifest) {
 			return nil
 		}
 		if err := stream.Send(&composerv1.SyncResponse{Msg: &composerv1.SyncResponse_Manifest{Manifest: a.manifest}}); err != nil {
@@ -320,18 +320,6 @@ func (s *Server) Sync(stream grpc.BidiStreamingServer[composerv1.SyncRequest, co
 			}
 		}
 	}
-}
-
-// signedByKeyOf reports whether every signature of env is by a key ring
-// lists (in any state: a revoked key's manifest goes, for the engine to
-// refuse and say so).
-func signedByKeyOf(env *typev1.Envelope, ring *verify.Keyring) bool {
-	for _, sig := range env.GetSignatures() {
-		if _, ok := ring.Key(sig.GetKeyId()); !ok {
-			return false
-		}
-	}
-	return true
 }
 
 // heardFor computes the Heard of a node from the needs of the modules it

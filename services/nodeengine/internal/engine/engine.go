@@ -140,12 +140,12 @@ type Engine struct {
 	// read: it does not verify against the pinned roots ("" otherwise).
 	keysetNotRoots string
 	// reportSeq is the last report_seq sent (state.NextReportSeq), and
-	// seqKept the ceiling kept in the state (reportSeqReserve).
-	reportSeq   uint64
-	seqKept     uint64
-	keptWants   map[string]state.KeptWant
-	keptEntries map[string]bool
-	pending     *state.Journal // ops ran, commit failed: replayed by the next pass
+	// reportSeqCeiling the ceiling kept in the state (reportSeqReserve).
+	reportSeq        uint64
+	reportSeqCeiling uint64
+	keptWants        map[string]state.KeptWant
+	keptEntries      map[string]bool
+	pending          *state.Journal // ops ran, commit failed: replayed by the next pass
 	// heldJournal is the journal of an apply a stop left half done, kept
 	// while a section blocks the engine: replayed once nothing does.
 	heldJournal *state.Journal
@@ -349,7 +349,7 @@ func (e *Engine) loadKept(k *state.Kept) {
 	e.rollback = k.Rollback
 	e.applied, e.appliedErr = k.Applied, k.AppliedErr
 	e.keysetErr = k.KeysetErr
-	e.reportSeq, e.seqKept = k.ReportSeq, k.ReportSeq
+	e.reportSeq, e.reportSeqCeiling = k.ReportSeq, k.ReportSeq
 	if k.JournalErr != nil && e.ledgerErr == nil {
 		// A journal that cannot be read may hide a half-done apply: the
 		// ledger cannot be trusted until someone looks.
@@ -424,12 +424,7 @@ func (e *Engine) raiseMarks(k *state.Kept) {
 		e.hw.KeysetVersion = max(e.hw.KeysetVersion, m.GetKeysetVersion())
 	}
 	raise(e.applied.Manifest, "the applied manifest")
-	if j := k.Journal; j != nil && len(j.Manifest) > 0 {
-		env := &typev1.Envelope{}
-		if proto.Unmarshal(j.Manifest, env) == nil {
-			raise(env, "the manifest of an unfinished apply")
-		}
-	}
+	raise(journalManifest(k.Journal), "the manifest of an unfinished apply")
 }
 
 // Close stops the entries cache and closes the applier.
@@ -680,11 +675,11 @@ const reportSeqReserve = 10 * 60 * 1000
 // sequence goes on in memory (the clock keeps it above every one sent).
 func (e *Engine) nextSeqLocked() uint64 {
 	e.reportSeq = state.NextReportSeq(e.reportSeq, e.cfg.Now())
-	if e.reportSeq > e.seqKept {
+	if e.reportSeq > e.reportSeqCeiling {
 		ceiling := e.reportSeq + reportSeqReserve
 		err := e.cfg.Store.PutReportSeq(ceiling)
 		if err == nil {
-			e.seqKept = ceiling
+			e.reportSeqCeiling = ceiling
 		}
 		e.noteWrite("report_seq", err)
 	}

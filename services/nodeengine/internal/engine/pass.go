@@ -204,13 +204,7 @@ func (e *Engine) replay(ctx context.Context, j *state.Journal) {
 // engine's kept state, its manifest and compositions decoded from the
 // journal's bytes.
 func (e *Engine) takeResultLocked(j *state.Journal, res *apply.Result) {
-	var manifest *typev1.Envelope
-	if len(j.Manifest) > 0 {
-		env := &typev1.Envelope{}
-		if proto.Unmarshal(j.Manifest, env) == nil {
-			manifest = env
-		}
-	}
+	manifest := journalManifest(j)
 	comps := map[string]*apply.Composition{}
 	for m := range res.Applied {
 		env := &typev1.Envelope{}
@@ -359,14 +353,22 @@ func (e *Engine) keysetFloorLocked() (uint64, string) {
 	}
 	signedUnder(e.applied.Manifest, "the applied manifest")
 	for _, j := range []*state.Journal{e.heldJournal, e.pending} {
-		if j != nil && len(j.Manifest) > 0 {
-			env := &typev1.Envelope{}
-			if proto.Unmarshal(j.Manifest, env) == nil {
-				signedUnder(env, "the manifest of an unfinished apply")
-			}
-		}
+		signedUnder(journalManifest(j), "the manifest of an unfinished apply")
 	}
 	return floor, from
+}
+
+// journalManifest is the manifest envelope a journal holds; nil when it
+// holds none (or j is nil) or its bytes do not decode.
+func journalManifest(j *state.Journal) *typev1.Envelope {
+	if j == nil || len(j.Manifest) == 0 {
+		return nil
+	}
+	env := &typev1.Envelope{}
+	if proto.Unmarshal(j.Manifest, env) != nil {
+		return nil
+	}
+	return env
 }
 
 // noKeysetLocked says why the engine holds no keyset.

@@ -1,9 +1,10 @@
 // Package crosscheck checks what the signer is asked to sign against the
 // catalog (DESIGN.md §5.4): a module composition only for an entry of that
 // module and fingerprint whose build is DONE with a verdict other than FAIL,
-// with the resource ids, types and data paths of the entry's manifest; a
-// want's parts only as the build's artifacts. A compromised composer can then
-// still mix released versions and feed hostile params, and nothing more.
+// with the resource ids, types, modes, owners, content kinds and data paths
+// of the entry's manifest; a want's parts only as the build's artifacts. A
+// compromised composer can then still mix released versions and feed
+// hostile params, and nothing more.
 package crosscheck
 
 import (
@@ -12,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -21,6 +21,7 @@ import (
 
 	"mesh.dev/internal/canonical"
 	"mesh.dev/internal/flight"
+	"mesh.dev/internal/lint"
 	"mesh.dev/internal/names"
 	catalogv1 "mesh.dev/proto/mesh/catalog/v1"
 	typev1 "mesh.dev/proto/mesh/type/v1"
@@ -201,9 +202,9 @@ func asReleased(res *typev1.Resource, rt *typev1.ResourceTemplate) error {
 		return fmt.Errorf("owner %q:%q, the manifest says %q:%q", res.GetOwner(), res.GetGroup(), rt.GetOwner(), rt.GetGroup())
 	case res.GetUserList() != rt.GetUserList():
 		return fmt.Errorf("user_list %v, the manifest says %v", res.GetUserList(), rt.GetUserList())
-	case !strings.Contains(rt.GetPath(), "{{") && res.GetPath() != rt.GetPath():
+	case lint.Literal(rt.GetPath()) && res.GetPath() != rt.GetPath():
 		return fmt.Errorf("path %s, the manifest says %s", res.GetPath(), rt.GetPath())
-	case !strings.Contains(rt.GetTarget(), "{{") && res.GetTarget() != rt.GetTarget():
+	case lint.Literal(rt.GetTarget()) && res.GetTarget() != rt.GetTarget():
 		return fmt.Errorf("target %q, the manifest says %q", res.GetTarget(), rt.GetTarget())
 	}
 	inline, _ := res.GetContent().(*typev1.Resource_Inline)
